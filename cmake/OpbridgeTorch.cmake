@@ -1,0 +1,48 @@
+# Provides the INTERFACE target opbridge::torch for the interpreter we build for.
+#
+# find_package(Torch) is avoided on purpose: on torch's CUDA wheels it requires a
+# full CUDA toolkit even for a CPU-only extension. Asking the target interpreter
+# for torch's include and library directories works for every wheel flavour.
+include_guard(GLOBAL)
+
+find_package(Python 3.9 REQUIRED COMPONENTS Interpreter Development.Module)
+execute_process(
+  COMMAND "${Python_EXECUTABLE}" -c [=[
+import torch, torch.utils.cpp_extension as ext
+print(torch.__version__)
+print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
+print(",".join(ext.include_paths()))
+print(",".join(ext.library_paths()))
+]=]
+  OUTPUT_VARIABLE _torch_info OUTPUT_STRIP_TRAILING_WHITESPACE
+  ERROR_VARIABLE _torch_error
+  RESULT_VARIABLE _torch_result)
+if(NOT _torch_result EQUAL 0)
+  message(FATAL_ERROR
+    "opbridge: cannot import torch with ${Python_EXECUTABLE}:\n${_torch_error}\n"
+    "Install torch into that environment first, then build without build isolation: "
+    "pip install --no-build-isolation .   (or configure with -DOPBRIDGE_BUILD_TORCH=OFF for the ORT library alone)")
+endif()
+string(REPLACE "\n" ";" _torch_info "${_torch_info}")
+list(GET _torch_info 0 OPBRIDGE_TORCH_VERSION)
+list(GET _torch_info 1 _cxx11_abi)
+list(GET _torch_info 2 _torch_includes)
+list(GET _torch_info 3 _torch_libdirs)
+string(REPLACE "," ";" _torch_includes "${_torch_includes}")
+string(REPLACE "," ";" _torch_libdirs "${_torch_libdirs}")
+message(STATUS "opbridge: building against torch ${OPBRIDGE_TORCH_VERSION} (${Python_EXECUTABLE})")
+
+set(_torch_libraries)
+foreach(name c10 torch torch_cpu torch_python)
+  find_library(_lib_${name} ${name} PATHS ${_torch_libdirs} NO_DEFAULT_PATH NO_CACHE REQUIRED)
+  list(APPEND _torch_libraries "${_lib_${name}}")
+endforeach()
+
+add_library(opbridge_torch_deps INTERFACE)
+add_library(opbridge::torch ALIAS opbridge_torch_deps)
+target_include_directories(opbridge_torch_deps SYSTEM INTERFACE ${_torch_includes})
+target_link_libraries(opbridge_torch_deps INTERFACE ${_torch_libraries})
+target_compile_definitions(opbridge_torch_deps INTERFACE _GLIBCXX_USE_CXX11_ABI=${_cxx11_abi})
+# torch >= 2.14 headers need C++20; set per target (a global CMAKE_CXX_STANDARD
+# would leak into other projects' checks).
+target_compile_features(opbridge_torch_deps INTERFACE cxx_std_20)

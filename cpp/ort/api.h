@@ -1,0 +1,82 @@
+// Shared plumbing of the ORT adapters: the negotiated API, error statuses, and
+// the session's intra-op thread pool as a parallel_for for the kernels.
+#pragma once
+
+// No link to libonnxruntime: RegisterCustomOps receives the API from the runtime.
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_lite_custom_op.h>
+#undef ORT_API_MANUAL_INIT
+
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "kernels/broadcast.h"
+
+namespace opbridge::ort {
+
+// The OrtApi version agreed with the runtime (see register.cc).
+int api_version();
+
+inline Ort::Status invalid_argument(const std::string& message) {
+  return Ort::Status(message.c_str(), ORT_INVALID_ARGUMENT);
+}
+
+inline Ort::Status from_kernel(const kernels::Status& status) {
+  return status.ok() ? Ort::Status(nullptr) : invalid_argument(status.message);
+}
+
+// Runs an op body, turning exceptions into an error status: nothing may unwind
+// through ONNX Runtime's C interface.
+template <class Body>
+Ort::Status guarded(const char* op, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& error) {
+    return Ort::Status((std::string(op) + ": " + error.what()).c_str(), ORT_RUNTIME_EXCEPTION);
+  } catch (...) {
+    return Ort::Status((std::string(op) + ": unknown error").c_str(), ORT_RUNTIME_EXCEPTION);
+  }
+}
+
+// The kernels' parallel_for over the session's intra-op threads (so
+// intra_op_num_threads is honoured). KernelContext_ParallelFor exists from API
+// 17 (ORT 1.17); on ORT 1.16 the tasks run on the calling thread.
+class SessionThreads {
+ public:
+  explicit SessionThreads(OrtKernelContext* context) : context_(context) {}
+
+  template <class Task>
+  void operator()(int64_t tasks, const Task& task) const {
+    if (api_version() < 17) {
+      for (int64_t t = 0; t < tasks; ++t) task(t);
+      return;
+    }
+    auto trampoline = [](void* data, size_t index) { (*static_cast<const Task*>(data))(static_cast<int64_t>(index)); };
+    Ort::KernelContext(context_).ParallelFor(trampoline, static_cast<size_t>(tasks), 0,
+                                             const_cast<void*>(static_cast<const void*>(&task)));
+  }
+
+ private:
+  OrtKernelContext* context_;
+};
+
+// The lite API declares every input and output optional, so a node that omits
+// one (an empty input name) would reach the kernel and dereference a null
+// value. Declare them required, except the inputs whose bit is set in
+// `OptionalInputs`; the runtime then rejects such models when it loads them.
+template <uint64_t OptionalInputs = 0>
+Ort::Custom::OrtLiteCustomOp* with_required_arguments(Ort::Custom::OrtLiteCustomOp* op) {
+  op->GetInputCharacteristic = [](const OrtCustomOp*, size_t index) {
+    return index < 64 && ((OptionalInputs >> index) & 1) ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  };
+  op->GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+  return op;
+}
+
+// Appends the OrtCustomOps of each op (one per supported element type) to `ops`.
+// This is the op list of the library: one line per op here and in register.cc.
+void append_my_add(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops);
+
+}  // namespace opbridge::ort

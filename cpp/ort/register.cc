@@ -1,0 +1,73 @@
+// The library's single export: RegisterCustomOps, called by ONNX Runtime when a
+// session's options load this library. It negotiates the API version so that
+// one build runs on every ORT from 1.16 to the newest.
+#include <cstdio>
+#include <mutex>
+#include <string>
+
+#include "ort/api.h"
+
+namespace opbridge::ort {
+namespace {
+
+constexpr int kMinimumApiVersion = 16;  // the lite custom-op API needs ORT >= 1.16
+int g_api_version = 0;
+
+// The domain and its ops live as long as the process: sessions keep pointers to
+// them, and destroying them at exit could run after the runtime is unloaded.
+Ort::CustomOpDomain* make_domain(int version) {
+  static std::vector<Ort::Custom::OrtLiteCustomOp*> ops;
+  append_my_add(ops);
+  auto* domain = new Ort::CustomOpDomain("opbridge");
+  for (auto* op : ops) {
+    // Declare the negotiated version, not the headers': an older runtime
+    // rejects ops that claim a newer API ("Unsupported version").
+    op->version = static_cast<uint32_t>(version);
+    domain->Add(op);
+  }
+  return domain;
+}
+
+// Minor version of a "1.MINOR.PATCH" string; a future 2.x counts as the newest.
+int runtime_minor_version(const char* version) {
+  int major = 0, minor = 0;
+  if (version == nullptr || std::sscanf(version, "%d.%d", &major, &minor) != 2) return -1;
+  return major > 1 ? ORT_API_VERSION : minor;
+}
+
+}  // namespace
+
+int api_version() { return g_api_version; }
+
+}  // namespace opbridge::ort
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  using namespace opbridge::ort;
+  if (api_base == nullptr) return nullptr;  // nothing to report an error through
+  const char* runtime_version = api_base->GetVersionString();
+  const int minor = runtime_minor_version(runtime_version);
+  // Version 1 of the API exists in every runtime: use it to report errors.
+  const OrtApi* fallback = api_base->GetApi(1);
+  if (minor < kMinimumApiVersion) {
+    const std::string message = std::string("opbridge custom-op library: ONNX Runtime ") +
+                                (runtime_version ? runtime_version : "(unknown version)") +
+                                " is too old; opbridge needs ONNX Runtime >= 1.16. Upgrade onnxruntime.";
+    return fallback->CreateStatus(ORT_FAIL, message.c_str());
+  }
+  const int version = minor < ORT_API_VERSION ? minor : ORT_API_VERSION;
+  const OrtApi* api = api_base->GetApi(static_cast<uint32_t>(version));
+  if (api == nullptr) {
+    const std::string message = "opbridge custom-op library: ONNX Runtime " + std::string(runtime_version) +
+                                " does not provide API version " + std::to_string(version);
+    return fallback->CreateStatus(ORT_FAIL, message.c_str());
+  }
+  static std::once_flag once;
+  static Ort::CustomOpDomain* domain = nullptr;
+  std::call_once(once, [&] {
+    g_api_version = version;
+    Ort::InitApi(api);
+    domain = make_domain(version);
+  });
+  return api->AddCustomOpDomain(options, *domain);
+}
