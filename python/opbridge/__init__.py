@@ -1,0 +1,28 @@
+"""opbridge: custom PyTorch operators that export to ONNX and run in ONNX Runtime.
+
+Importing opbridge loads the compiled ops (``torch.ops.opbridge.*``), registers
+their fake kernels and autograd formulas, and registers their ONNX export rules
+for the TorchScript-based exporter (``torch.onnx.export(..., dynamo=False)``).
+Use :func:`opbridge.onnx.export` to choose a lowering or to export with the
+dynamo exporter.
+"""
+
+from __future__ import annotations
+
+import torch  # noqa: F401  (the extension links against torch's libraries: load them first)
+
+from . import _extension
+
+_C = _extension.load()
+
+from . import ops  # noqa: E402  (fake kernels and autograd first: the specs' modules use the ops)
+from . import defs, nn, onnx  # noqa: E402
+from .autograd import MyAddFunction  # noqa: E402
+from .ops import my_add  # noqa: E402
+
+onnx._register()
+
+import opbridge_ort as ort  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["MyAddFunction", "my_add", "nn", "onnx", "ops", "ort"]

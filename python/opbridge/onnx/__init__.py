@@ -1,0 +1,122 @@
+"""Export models that use opbridge ops to ONNX, with either of PyTorch's exporters.
+
+``lowering`` chooses how each opbridge op appears in the ONNX graph:
+
+* ``"standard"``: only standard ONNX ops (e.g. my_add -> Constant, Mul, Add);
+  any ONNX runtime can run the model, no library needed.
+* ``"custom"``: one node per op in the ``opbridge`` domain (e.g. opbridge::MyAdd),
+  run in ONNX Runtime by the opbridge library (see :mod:`opbridge_ort`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+import onnx
+import torch
+
+from .. import specs
+from ..specs import LOWERING_KINDS, LoweringError
+from . import _dynamo, _legacy, _schemas
+from ._dynamo import translation_table
+
+__all__ = ["LOWERING_KINDS", "LoweringError", "export", "supported_opsets", "translation_table"]
+
+
+def supported_opsets(dynamo: bool) -> range:
+    """Opsets opbridge exports with the given exporter under the installed torch/onnxscript."""
+    if dynamo:
+        return range(_dynamo.MIN_OPSET, _dynamo.max_opset() + 1)
+    return range(_legacy.MIN_OPSET, _legacy.max_opset() + 1)
+
+
+def export(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    f: str | os.PathLike | io.BytesIO | None = None,
+    *,
+    opset_version: int | None = None,
+    dynamo: bool = True,
+    lowering: str = "standard",
+    **kwargs: Any,
+) -> onnx.ModelProto:
+    """Export ``model`` to ONNX with opbridge's ops lowered as ``lowering`` asks.
+
+    Args:
+        model, args: as for ``torch.onnx.export``.
+        f: where to write the model (path or binary file object); None writes nothing.
+        opset_version: the ONNX opset; defaults to torch's default for that exporter.
+            See :func:`supported_opsets`.
+        dynamo: True for the dynamo exporter (torch's default), False for the
+            TorchScript-based one.
+        lowering: ``"standard"`` or ``"custom"`` (see the module docstring).
+        **kwargs: passed on to ``torch.onnx.export`` (``input_names``,
+            ``output_names``, ``dynamic_axes``, ``dynamic_shapes``, ...).
+
+    Returns:
+        The exported model as an ``onnx.ModelProto``.
+    """
+    if lowering not in LOWERING_KINDS:
+        raise ValueError(f"lowering must be one of {', '.join(map(repr, LOWERING_KINDS))}, got {lowering!r}")
+    for reserved in ("dynamo", "opset_version"):
+        kwargs.pop(reserved, None)
+    if opset_version is None:
+        from torch.onnx import _constants
+
+        opset_version = min(_constants.ONNX_DEFAULT_OPSET, max(supported_opsets(dynamo)))
+    supported = supported_opsets(dynamo)
+    if opset_version not in supported:
+        exporter = "dynamo" if dynamo else "TorchScript-based (dynamo=False)"
+        hint = "use dynamo=False for lower opsets" if dynamo and opset_version < supported.start else ""
+        raise ValueError(
+            f"opset_version={opset_version} is outside what the {exporter} exporter produces with torch "
+            f"{torch.__version__}: {supported.start}..{supported.stop - 1}. {hint}".rstrip()
+        )
+    if dynamo:
+        model_proto = _export_dynamo(model, args, f, opset_version, lowering, kwargs)
+    else:
+        model_proto = _export_legacy(model, args, f, opset_version, lowering, kwargs)
+    return model_proto
+
+
+def _export_legacy(model, args, f, opset_version, lowering, kwargs) -> onnx.ModelProto:
+    if lowering != "standard":
+        kwargs["custom_opsets"] = {specs.CUSTOM_DOMAIN: specs.CUSTOM_DOMAIN_VERSION, **kwargs.get("custom_opsets", {})}
+    buffer = io.BytesIO()
+    with _legacy.lowering_scope(lowering):
+        torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset_version, **kwargs)
+    model_proto = onnx.load_from_string(buffer.getvalue())
+    _write(model_proto, f)
+    return model_proto
+
+
+def _export_dynamo(model, args, f, opset_version, lowering, kwargs) -> onnx.ModelProto:
+    table = translation_table(lowering, opset_version)
+    table.update(kwargs.pop("custom_translation_table", None) or {})  # the user's own entries win
+    external_data = kwargs.pop("external_data", None)
+    program = torch.onnx.export(
+        model, args, None, dynamo=True, opset_version=opset_version, custom_translation_table=table, **kwargs
+    )
+    if f is not None:
+        if isinstance(f, (str, os.PathLike)):
+            program.save(f, external_data=external_data)
+        else:
+            f.write(program.model_proto.SerializeToString())
+    return program.model_proto
+
+
+def _write(model_proto: onnx.ModelProto, f) -> None:
+    if f is None:
+        return
+    if isinstance(f, (str, os.PathLike)):
+        onnx.save(model_proto, f)
+    else:
+        f.write(model_proto.SerializeToString())
+
+
+def _register() -> None:
+    """Called once by ``import opbridge``, after the op specs are defined."""
+    _schemas.register_schemas()
+    _legacy.register_symbolics()

@@ -1,0 +1,30 @@
+"""ONNX schemas of opbridge's custom nodes, registered with onnx.defs.
+
+onnxscript (and so the dynamo exporter) needs a schema to emit a node of a
+custom domain, and onnx.checker uses it to validate exported models.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx.defs import OpSchema
+
+from .. import specs
+
+
+def register_schemas() -> None:
+    for spec in specs.all_specs():
+        node = spec.custom_node
+        if node is None or onnx.defs.has(node.op_type, specs.CUSTOM_DOMAIN):
+            continue
+        onnx.defs.register_schema(
+            OpSchema(
+                node.op_type,
+                specs.CUSTOM_DOMAIN,
+                specs.CUSTOM_DOMAIN_VERSION,
+                doc=node.doc,
+                inputs=[OpSchema.FormalParameter(name, "T") for name in node.inputs],
+                outputs=[OpSchema.FormalParameter(name, "T") for name in node.outputs],
+                type_constraints=[("T", list(node.types), "element types the opbridge ORT library implements")],
+            )
+        )

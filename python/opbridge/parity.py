@@ -1,0 +1,312 @@
+"""The parity matrix: PyTorch output vs ONNX Runtime output for every op x call
+path x exporter x lowering x opset x dtype, each cell over same-shape and
+broadcast operands, exported with a static batch and with a dynamic one (run at
+another batch size than exported).
+
+Cells come from the op specs (opbridge.specs), so a new op is covered by adding
+its spec. ``python -m opbridge parity --help`` runs it; ``nox -s parity`` is the
+main job.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import specs
+
+EXPORTERS = ("legacy", "dynamo")
+BATCH_KINDS = ("static", "dynamic")
+EXPORT_BATCH, DYNAMIC_RUN_BATCH = 2, 5
+#: The TorchScript-based exporter's opsets in the matrix start where the tutorials do.
+LEGACY_MIN_MATRIX_OPSET = 9
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16"}
+# (rtol, atol) for ORT vs PyTorch; float16 allows the two roundings of Mul+Add vs one.
+_TOLERANCES = {"float32": (1e-5, 1e-6), "float64": (1e-12, 1e-12), "float16": (2e-3, 2e-3)}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One row of the table; it runs every operand kind x batch kind of the op."""
+
+    op: str
+    path: str
+    exporter: str
+    lowering: str
+    opset: int
+    dtype: str
+
+
+@dataclass
+class SubResult:
+    operands: str
+    batch: str
+    passed: bool
+    max_error: float | None
+    detail: str = ""
+
+
+@dataclass
+class CellResult:
+    cell: Cell
+    status: str  # "pass" or "fail"
+    max_error: float | None
+    seconds: float
+    subresults: list[SubResult]
+
+    @property
+    def detail(self) -> str:
+        failed = [s for s in self.subresults if not s.passed]
+        if len({s.detail for s in failed}) == 1 and len(failed) == len(self.subresults):
+            return failed[0].detail  # the same reason everywhere: say it once
+        return "; ".join(f"{s.operands}/{s.batch}: {s.detail}" for s in failed)
+
+
+def matrix_opsets(exporter: str) -> range:
+    from .onnx import supported_opsets
+
+    opsets = supported_opsets(exporter == "dynamo")
+    if exporter == "legacy":
+        return range(max(opsets.start, LEGACY_MIN_MATRIX_OPSET), opsets.stop)
+    return opsets
+
+
+def cells(
+    ops: Iterable[str] | None = None,
+    exporters: Iterable[str] = EXPORTERS,
+    lowerings: Iterable[str] = specs.LOWERING_KINDS,
+    opsets: Iterable[int] | None = None,
+    dtypes: Iterable[str] | None = None,
+    paths: Iterable[str] | None = None,
+) -> list[Cell]:
+    """Every cell of the matrix, filtered by the given selections."""
+    chosen_opsets = set(opsets) if opsets is not None else None
+    result = []
+    for spec in specs.all_specs():
+        if ops is not None and spec.name not in set(ops):
+            continue
+        for path in spec.call_paths:
+            if paths is not None and path not in set(paths):
+                continue
+            for exporter in exporters:
+                for lowering in lowerings:
+                    for opset in matrix_opsets(exporter):
+                        if chosen_opsets is not None and opset not in chosen_opsets:
+                            continue
+                        if not any(lw.kind == lowering and lw.supports(opset) for lw in spec.lowerings):
+                            continue
+                        for dtype in spec.dtypes:
+                            name = _DTYPE_NAMES[dtype]
+                            if dtypes is None or name in set(dtypes):
+                                result.append(Cell(spec.name, path, exporter, lowering, opset, name))
+    return result
+
+
+def _batch_dims(small: Sequence[torch.Tensor], large: Sequence[torch.Tensor]) -> list[list[int]]:
+    """Per tensor, the dims whose size follows the batch (found by comparing two batch sizes)."""
+    return [[d for d in range(t.dim()) if t.shape[d] != u.shape[d]] for t, u in zip(small, large, strict=True)]
+
+
+def _as_tuple(output) -> tuple[torch.Tensor, ...]:
+    return tuple(output) if isinstance(output, (tuple, list)) else (output,)
+
+
+def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> SubResult:
+    import onnxruntime
+
+    import opbridge_ort
+
+    from . import onnx as opbridge_onnx
+
+    dtype = next(d for d in spec.dtypes if _DTYPE_NAMES[d] == cell.dtype)
+    module = spec.call_paths[cell.path]().eval()
+    export_inputs = spec.sample_inputs(dtype, operands, EXPORT_BATCH)
+    run_batch = EXPORT_BATCH if batch == "static" else DYNAMIC_RUN_BATCH
+    run_inputs = spec.sample_inputs(dtype, operands, run_batch)
+    with torch.no_grad():
+        expected = _as_tuple(module(*run_inputs))
+        export_outputs = _as_tuple(module(*export_inputs))
+    output_names = [f"out{i}" for i in range(len(expected))]
+    kwargs: dict = {"input_names": list(spec.input_names), "output_names": output_names}
+    if cell.exporter == "dynamo":
+        kwargs["verbose"] = False  # no per-step progress lines from the exporter
+    if batch == "dynamic":
+        dims = _batch_dims(export_inputs, spec.sample_inputs(dtype, operands, DYNAMIC_RUN_BATCH))
+        dims += _batch_dims(export_outputs, expected)
+        names = list(spec.input_names) + output_names
+        kwargs["dynamic_axes"] = {name: {d: "batch" for d in ds} for name, ds in zip(names, dims, strict=True) if ds}
+    model = opbridge_onnx.export(
+        module, export_inputs, None, opset_version=cell.opset, dynamo=cell.exporter == "dynamo",
+        lowering=cell.lowering, **kwargs,
+    )  # fmt: skip
+    custom_nodes = [n.op_type for n in model.graph.node if n.domain == specs.CUSTOM_DOMAIN]
+    if cell.lowering == "standard" and custom_nodes:
+        return SubResult(operands, batch, False, None, f"standard lowering emitted custom nodes {custom_nodes}")
+    if cell.lowering == "custom" and not custom_nodes:
+        return SubResult(operands, batch, False, None, "custom lowering emitted no opbridge node")
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    if cell.lowering == "standard":
+        # Standard lowerings must run without opbridge's library: prove it.
+        session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    else:
+        session = opbridge_ort.InferenceSession(model, options)
+    feeds = {name: t.numpy() for name, t in zip(spec.input_names, run_inputs, strict=True)}
+    got = session.run(None, feeds)
+    rtol, atol = _TOLERANCES[cell.dtype]
+    max_error = 0.0
+    for ort_out, torch_out in zip(got, expected, strict=True):
+        want = torch_out.numpy()
+        if ort_out.shape != want.shape or ort_out.dtype != want.dtype:
+            return SubResult(
+                operands, batch, False, None,
+                f"ORT gave {ort_out.dtype}{list(ort_out.shape)}, PyTorch {want.dtype}{list(want.shape)}",
+            )  # fmt: skip
+        if want.size:
+            max_error = max(max_error, float(np.max(np.abs(ort_out.astype(np.float64) - want.astype(np.float64)))))
+        if not np.allclose(ort_out, want, rtol=rtol, atol=atol):
+            return SubResult(operands, batch, False, max_error, f"max error {max_error:.3g} > rtol {rtol}/atol {atol}")
+    return SubResult(operands, batch, True, max_error)
+
+
+def run_cell(cell: Cell) -> CellResult:
+    spec = specs.get(cell.op)
+    start = time.perf_counter()
+    subresults = []
+    for operands in spec.operand_kinds:
+        for batch in BATCH_KINDS:
+            try:
+                subresults.append(run_subcase(spec, cell, operands, batch))
+            except Exception as error:  # a failed export or run is a failed cell, with its reason
+                first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                subresults.append(SubResult(operands, batch, False, None, f"{type(error).__name__}: {first_line[:300]}"))
+    errors = [s.max_error for s in subresults if s.max_error is not None]
+    return CellResult(
+        cell,
+        "pass" if all(s.passed for s in subresults) else "fail",
+        max(errors) if errors else None,
+        time.perf_counter() - start,
+        subresults,
+    )
+
+
+def _worker_init() -> None:
+    import warnings
+
+    warnings.simplefilter("ignore")  # the exporters' deprecation chatter would drown the table
+    os.environ.setdefault("TORCH_LOGS", "")
+    import opbridge  # noqa: F401  registers the ops and export rules in the worker
+
+    torch.set_num_threads(1)
+
+
+COLUMNS = ("op", "call path", "exporter", "lowering", "opset", "dtype", "result", "max error")
+
+
+def _row(result: CellResult) -> list[str]:
+    c = result.cell
+    error = "-" if result.max_error is None else f"{result.max_error:.1e}"
+    return [c.op, c.path, c.exporter, c.lowering, str(c.opset), c.dtype, result.status.upper(), error]
+
+
+def _format_row(values: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True))
+
+
+def run(selected: Sequence[Cell], jobs: int = 1, stream=sys.stdout) -> list[CellResult]:
+    """Runs the cells (in ``jobs`` processes), printing each row as it completes."""
+    widths = [max(len(COLUMNS[0]), 8), 17, 8, 8, 5, 7, 6, 9]
+    print(_format_row(COLUMNS, widths), file=stream)
+    print(_format_row(["-" * w for w in widths], widths), file=stream, flush=True)
+    results: list[CellResult] = []
+
+    def report(result: CellResult) -> None:
+        results.append(result)
+        line = _format_row(_row(result), widths)
+        if result.status != "pass":
+            line += f"  {result.detail}"
+        print(line, file=stream, flush=True)
+
+    if jobs <= 1:
+        _worker_init()
+        for cell in selected:
+            report(run_cell(cell))
+    else:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")  # fresh interpreters: no torch state shared by fork
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init) as pool:
+            for result in pool.map(run_cell, selected, chunksize=4):
+                report(result)
+    return results
+
+
+def summary(results: Sequence[CellResult], seconds: float) -> str:
+    passed = sum(r.status == "pass" for r in results)
+    failed = len(results) - passed
+    subcases = sum(len(r.subresults) for r in results)
+    import onnxruntime
+
+    return (
+        f"parity: {passed} passed, {failed} failed ({len(results)} cells, {subcases} export+run cases) in "
+        f"{seconds:.0f} s; torch {torch.__version__}, onnxruntime {onnxruntime.__version__}"
+    )
+
+
+def to_json(results: Sequence[CellResult]) -> list[dict]:
+    return [
+        {
+            **dataclasses.asdict(r.cell),
+            "status": r.status,
+            "max_error": r.max_error,
+            "seconds": round(r.seconds, 3),
+            "cases": [dataclasses.asdict(s) for s in r.subresults],
+        }
+        for r in results
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m opbridge parity", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", nargs="+", help="ops to run (default: all)")
+    parser.add_argument("--exporters", nargs="+", choices=EXPORTERS, default=list(EXPORTERS))
+    parser.add_argument("--lowerings", nargs="+", choices=specs.LOWERING_KINDS, default=list(specs.LOWERING_KINDS))
+    parser.add_argument("--opsets", nargs="+", type=int, help="opsets to run (default: all each exporter supports)")
+    parser.add_argument("--dtypes", nargs="+", help="dtypes to run, e.g. float32 (default: all the op supports)")
+    parser.add_argument("--paths", nargs="+", help="call paths to run, e.g. pybind (default: all)")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    parser.add_argument("--json", help="write the results to this JSON file")
+    args = parser.parse_args(argv)
+
+    import opbridge  # noqa: F401  the specs register on import
+
+    selected = cells(args.ops, args.exporters, args.lowerings, args.opsets, args.dtypes, args.paths)
+    if not selected:
+        print("parity: no cell matches the selection", file=sys.stderr)
+        return 2
+    print(f"parity: {len(selected)} cells on {args.jobs} worker(s)", flush=True)
+    start = time.perf_counter()
+    results = run(selected, args.jobs)
+    seconds = time.perf_counter() - start
+    failures = [r for r in results if r.status != "pass"]
+    if failures:
+        print("\nfailed cells:")
+        for r in failures:
+            print("  " + "  ".join(_row(r)[:6]) + f": {r.detail}")
+    print("\n" + summary(results, seconds))
+    if args.json:
+        with open(args.json, "w") as stream:
+            json.dump({"summary": summary(results, seconds), "cells": to_json(results)}, stream, indent=1)
+    return 1 if failures else 0

@@ -1,0 +1,122 @@
+"""Op specs: each opbridge op declared once, with its ONNX lowerings per opset.
+
+From these specs come the legacy exporter's symbolics (opbridge.onnx._legacy),
+the dynamo exporter's custom_translation_table (opbridge.onnx._dynamo), the
+ONNX schemas of the custom nodes (opbridge.onnx._schemas) and the parity
+matrix (opbridge.parity). Adding an op means adding a spec here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+#: Lowering kinds: only standard ONNX ops / one node of opbridge's ORT library.
+LOWERING_KINDS = ("standard", "custom")
+CUSTOM_DOMAIN = "opbridge"
+CUSTOM_DOMAIN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """One way to express an op in ONNX, valid for opsets [min_opset, max_opset].
+
+    ``legacy(g, *args)`` builds the nodes for the TorchScript-based exporter;
+    ``dynamo(*args)`` is an onnxscript-traceable function for the dynamo exporter.
+    """
+
+    kind: str
+    legacy: Callable[..., Any]
+    dynamo: Callable[..., Any]
+    min_opset: int = 1
+    max_opset: int | None = None
+
+    def supports(self, opset: int) -> bool:
+        return opset >= self.min_opset and (self.max_opset is None or opset <= self.max_opset)
+
+
+@dataclass(frozen=True)
+class CustomNode:
+    """The schema of the op's node in the opbridge domain (for the custom lowering)."""
+
+    op_type: str
+    inputs: Sequence[str]
+    outputs: Sequence[str]
+    types: Sequence[str]
+    doc: str
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An opbridge op: its torch op, its lowerings, and how to test it."""
+
+    name: str
+    torch_op: str  # "namespace::name", the TORCH_LIBRARY schema name
+    doc: str
+    lowerings: Sequence[Lowering]
+    custom_node: CustomNode | None
+    #: dtypes the op supports; the parity matrix runs each.
+    dtypes: Sequence[torch.dtype]
+    #: name -> factory of an nn.Module calling the op that way (torch op, pybind, autograd.Function, nn.Module).
+    call_paths: dict[str, Callable[[], torch.nn.Module]]
+    #: (dtype, operands, batch) -> example inputs; operands is one of ``operand_kinds``; dim 0 of the first input is the batch.
+    sample_inputs: Callable[[torch.dtype, str, int], tuple[torch.Tensor, ...]]
+    operand_kinds: Sequence[str]
+    input_names: Sequence[str]
+    #: independent reference implementation (plain torch math), for tests.
+    reference: Callable[..., torch.Tensor]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def overload(self) -> Any:
+        namespace, name = self.torch_op.split("::")
+        return getattr(getattr(torch.ops, namespace), name).default
+
+    def lowering(self, kind: str, opset: int) -> Lowering:
+        """The lowering of ``kind`` valid at ``opset``; raises LoweringError (saying what exists) if none."""
+        if kind not in LOWERING_KINDS:
+            raise ValueError(f"unknown lowering {kind!r}; choose one of {', '.join(LOWERING_KINDS)}")
+        for lowering in self.lowerings:
+            if lowering.kind == kind and lowering.supports(opset):
+                return lowering
+        available = ", ".join(
+            f"{lw.kind} (opset {lw.min_opset}..{lw.max_opset or 'newest'})" for lw in self.lowerings
+        ) or "none"
+        raise LoweringError(
+            f"{self.torch_op} has no {kind!r} ONNX lowering at opset {opset}. Available: {available}. "
+            "Pick another opset or lowering in opbridge.onnx.export(..., opset_version=..., lowering=...)."
+        )
+
+    def opset_range(self, kind: str) -> tuple[int, int | None]:
+        ranges = [(lw.min_opset, lw.max_opset) for lw in self.lowerings if lw.kind == kind]
+        lows = [low for low, _ in ranges]
+        highs = [high for _, high in ranges]
+        return min(lows), (None if None in highs else max(highs))
+
+
+class LoweringError(RuntimeError):
+    """An op cannot be expressed in ONNX with the requested lowering and opset."""
+
+
+_REGISTRY: dict[str, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"an opbridge op named {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def get(name: str) -> OpSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no opbridge op named {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def all_specs() -> list[OpSpec]:
+    return list(_REGISTRY.values())

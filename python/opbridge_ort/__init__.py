@@ -1,0 +1,102 @@
+"""opbridge_ort: run models that use opbridge's custom ONNX ops in ONNX Runtime.
+
+This package never imports torch: a deployment needs only ``onnxruntime``.
+
+    import opbridge_ort
+    session = opbridge_ort.InferenceSession("model.onnx")
+    outputs = session.run(None, {"a": a, "b": b})
+
+or, with your own session options::
+
+    options = opbridge_ort.session_options()      # or session_options(existing)
+    session = onnxruntime.InferenceSession("model.onnx", options)
+
+The library (``library_path()``) registers the ``opbridge`` domain: MyAdd (v1).
+It works with ONNX Runtime 1.16 and newer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+__all__ = ["DOMAIN", "InferenceSession", "library_path", "session_options"]
+
+#: The ONNX domain of opbridge's custom ops.
+DOMAIN = "opbridge"
+_LIBRARY_NAME = "libopbridge_ort.so"
+# Marks session options that already carry the library: registering it twice
+# would make ORT refuse the duplicate "opbridge" domain.
+_REGISTERED_KEY = "opbridge.custom_ops_library"
+
+
+def library_path() -> str:
+    """Absolute path of the opbridge ONNX Runtime custom-op library.
+
+    The environment variable ``OPBRIDGE_ORT_LIBRARY`` overrides it (e.g. a library
+    built alone with CMake). Raises FileNotFoundError, saying what to do, if the
+    library is missing.
+    """
+    override = os.environ.get("OPBRIDGE_ORT_LIBRARY")
+    path = Path(override) if override else Path(__file__).with_name(_LIBRARY_NAME)
+    if not path.is_file():
+        where = "OPBRIDGE_ORT_LIBRARY points to" if override else "opbridge_ort expects"
+        raise FileNotFoundError(
+            f"{where} the custom-op library at {path}, but there is no such file. Reinstall the package "
+            "(pip install --no-build-isolation . from an opbridge checkout), or build the library with CMake "
+            "(cmake -S . -B build -DOPBRIDGE_BUILD_TORCH=OFF && cmake --build build) and set "
+            "OPBRIDGE_ORT_LIBRARY to build/cpp/ort/libopbridge_ort.so."
+        )
+    return str(path.resolve())
+
+
+def _is_registered(options: onnxruntime.SessionOptions) -> bool:
+    try:
+        return options.get_session_config_entry(_REGISTERED_KEY) == "1"
+    except Exception:  # ORT raises when the key is absent
+        return False
+
+
+def session_options(options: onnxruntime.SessionOptions | None = None) -> onnxruntime.SessionOptions:
+    """Session options with the opbridge library registered.
+
+    Registers on ``options`` if given (at most once, however often it is called),
+    otherwise on new default options, and returns them.
+    """
+    import onnxruntime
+
+    if options is None:
+        options = onnxruntime.SessionOptions()
+    if not _is_registered(options):
+        options.register_custom_ops_library(library_path())
+        options.add_session_config_entry(_REGISTERED_KEY, "1")
+    return options
+
+
+def InferenceSession(  # noqa: N802 - mirrors onnxruntime.InferenceSession
+    model: Any,
+    sess_options: onnxruntime.SessionOptions | None = None,
+    providers: list[Any] | None = None,
+    **kwargs: Any,
+) -> onnxruntime.InferenceSession:
+    """``onnxruntime.InferenceSession`` with the opbridge library registered.
+
+    ``model`` is a path, serialized bytes or an ``onnx.ModelProto``. Providers
+    default to the CPU provider (opbridge's kernels are CPU kernels).
+    """
+    import onnxruntime
+
+    if hasattr(model, "SerializeToString"):
+        model = model.SerializeToString()
+    elif isinstance(model, os.PathLike):
+        model = os.fspath(model)
+    return onnxruntime.InferenceSession(
+        model,
+        sess_options=session_options(sess_options),
+        providers=providers if providers is not None else ["CPUExecutionProvider"],
+        **kwargs,
+    )
