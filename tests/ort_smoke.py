@@ -155,6 +155,11 @@ def main(argv: list[str]) -> int:
         else:
             passed += 1
             print(f"ok   {check.__name__}")
+    if "torch" in sys.modules:
+        failed += 1
+        print("FAIL torch was imported")
+    else:
+        print("ok   torch was not imported")
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 

@@ -27,7 +27,7 @@ def my_add(a: Tensor, b: Tensor) -> Tensor:
     ``torch.export`` and ``torch.compile``, and exportable to ONNX
     (see :func:`opbridge.onnx.export`).
     """
-    return torch.ops.opbridge.my_add.default(a, b)
+    return torch.ops.opbridge.my_add(a, b)
 
 
 @torch.library.register_fake("opbridge::my_add")

@@ -93,6 +93,10 @@ def _export_legacy(model, args, f, opset_version, lowering, kwargs) -> onnx.Mode
 
 
 def _export_dynamo(model, args, f, opset_version, lowering, kwargs) -> onnx.ModelProto:
+    if "dynamic_axes" in kwargs and "dynamic_shapes" not in kwargs:
+        kwargs["dynamic_shapes"] = _dynamic_axes_to_shapes(
+            args, kwargs.get("input_names"), kwargs.get("output_names"), kwargs.pop("dynamic_axes")
+        )
     table = translation_table(lowering, opset_version)
     table.update(kwargs.pop("custom_translation_table", None) or {})  # the user's own entries win
     external_data = kwargs.pop("external_data", None)
@@ -105,6 +109,40 @@ def _export_dynamo(model, args, f, opset_version, lowering, kwargs) -> onnx.Mode
         else:
             f.write(program.model_proto.SerializeToString())
     return program.model_proto
+
+
+def _dynamic_axes_to_shapes(args, input_names, output_names, dynamic_axes) -> tuple:
+    """The legacy exporter's ``dynamic_axes`` as torch.export ``dynamic_shapes``.
+
+    torch's own conversion is deprecated; axes with the same name share one
+    torch.export.Dim, so the exported graph keeps the user's axis names. Output
+    entries are dropped: the dynamo exporter derives output shapes itself.
+    """
+    import re
+
+    names = list(input_names or [])
+    dims: dict[str, torch.export.Dim] = {}
+    shapes = []
+    for index, arg in enumerate(args):
+        axes = dynamic_axes.get(names[index]) if index < len(names) else None
+        if not isinstance(arg, torch.Tensor) or not axes:
+            shapes.append(None)
+            continue
+        if not isinstance(axes, dict):  # a list of dims: name them after the input
+            axes = {dim: f"{names[index]}_dim{dim}" for dim in axes}
+        spec = {}
+        for dim, axis_name in axes.items():
+            identifier = re.sub(r"\W", "_", str(axis_name))
+            identifier = identifier if identifier[:1].isalpha() else f"d_{identifier}"
+            spec[dim] = dims.setdefault(identifier, torch.export.Dim(identifier))
+        shapes.append(spec)
+    unknown = set(dynamic_axes) - set(names) - set(output_names or [])
+    if unknown:
+        raise ValueError(
+            f"dynamic_axes names {sorted(unknown)}, which are not in input_names {names} or output_names; "
+            "with dynamo=True, name every input in input_names (or pass dynamic_shapes)"
+        )
+    return tuple(shapes)
 
 
 def _write(model_proto: onnx.ModelProto, f) -> None:
