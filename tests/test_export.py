@@ -98,7 +98,9 @@ def test_standard_lowering_uses_only_standard_ops(tmp_path, dynamo, opset):
 def test_plain_torch_onnx_export_works_after_import(tmp_path):
     """`import opbridge` is enough for the TorchScript-based exporter (standard lowering)."""
     path = tmp_path / "plain.onnx"
-    torch.onnx.export(opbridge.nn.MyAdd().eval(), (torch.randn(2, 3), torch.randn(3)), str(path), dynamo=False, opset_version=9)
+    torch.onnx.export(
+        opbridge.nn.MyAdd().eval(), (torch.randn(2, 3), torch.randn(3)), str(path), dynamo=False, opset_version=9
+    )
     assert [n.op_type for n in onnx.load(str(path)).graph.node if n.op_type != "Constant"] == ["Mul", "Add"]
 
 

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
-from conftest import TOLERANCES, randn
 
 import opbridge
+from conftest import TOLERANCES, randn
 
 CALL_PATHS = {
     "opbridge.my_add": opbridge.my_add,
@@ -66,9 +66,13 @@ def test_non_contiguous_inputs(path, generator):
 @pytest.mark.parametrize("path", CALL_PATHS)
 def test_bad_inputs_raise_clear_errors(path):
     call = CALL_PATHS[path]
-    with pytest.raises(RuntimeError, match=r"opbridge::my_add: a of shape \[2, 3\] and b of shape \[4\] cannot be broadcast"):
+    with pytest.raises(
+        RuntimeError, match=r"opbridge::my_add: a of shape \[2, 3\] and b of shape \[4\] cannot be broadcast"
+    ):
         call(torch.ones(2, 3), torch.ones(4))
-    with pytest.raises(RuntimeError, match="opbridge::my_add: a and b must have the same dtype, got a: Float and b: Double"):
+    with pytest.raises(
+        RuntimeError, match="opbridge::my_add: a and b must have the same dtype, got a: Float and b: Double"
+    ):
         call(torch.ones(2), torch.ones(2, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="opbridge::my_add: expected float32, float64 or float16 tensors, got Int"):
         call(torch.ones(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32))
@@ -83,7 +87,9 @@ def test_meta_tensors_follow_the_fake_kernel():
             opbridge.my_add(torch.empty(2), torch.empty(2, dtype=torch.float64))
 
 
-@pytest.mark.parametrize(("a_shape", "b_shape"), [((3, 4), (3, 4)), ((3, 4), (4,)), ((2, 1, 4), (3, 1)), ((), (2,))], ids=str)
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"), [((3, 4), (3, 4)), ((3, 4), (4,)), ((2, 1, 4), (3, 1)), ((), (2,))], ids=str
+)
 @pytest.mark.parametrize("path", ["opbridge.my_add", "autograd.Function"])
 def test_gradients(path, a_shape, b_shape, generator):
     a = randn(a_shape, torch.float64, generator).requires_grad_()

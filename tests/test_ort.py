@@ -79,7 +79,7 @@ def test_inference_session_accepts_path_bytes_and_proto(tmp_path):
 
 def test_missing_library_says_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setenv("OPBRIDGE_ORT_LIBRARY", str(tmp_path / "nope.so"))
-    with pytest.raises(FileNotFoundError, match="OPBRIDGE_ORT_LIBRARY points to .* cmake"):
+    with pytest.raises(FileNotFoundError, match=r"OPBRIDGE_ORT_LIBRARY points to .* cmake"):
         opbridge_ort.library_path()
 
 

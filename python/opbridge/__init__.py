@@ -15,8 +15,8 @@ from . import _extension
 
 _C = _extension.load()
 
-from . import ops  # noqa: E402  (fake kernels and autograd first: the specs' modules use the ops)
-from . import defs, nn, onnx  # noqa: E402
+# ops registers the fake kernels and autograd formulas; defs, the op specs.
+from . import defs, nn, onnx, ops  # noqa: E402, F401
 from .autograd import MyAddFunction  # noqa: E402
 from .ops import my_add  # noqa: E402
 

@@ -7,9 +7,7 @@ from types import ModuleType
 
 import torch
 
-REINSTALL = (
-    "pip install --no-build-isolation --force-reinstall <opbridge source or wheel built for this torch>"
-)
+REINSTALL = "pip install --no-build-isolation --force-reinstall <opbridge source or wheel built for this torch>"
 
 
 def _public(version: str) -> str:

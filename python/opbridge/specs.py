@@ -62,7 +62,8 @@ class OpSpec:
     dtypes: Sequence[torch.dtype]
     #: name -> factory of an nn.Module calling the op that way (torch op, pybind, autograd.Function, nn.Module).
     call_paths: dict[str, Callable[[], torch.nn.Module]]
-    #: (dtype, operands, batch) -> example inputs; operands is one of ``operand_kinds``; dim 0 of the first input is the batch.
+    #: (dtype, operands, batch) -> example inputs; ``operands`` is one of ``operand_kinds``.
+    #: The parity matrix finds the batch dims by comparing two batch sizes.
     sample_inputs: Callable[[torch.dtype, str, int], tuple[torch.Tensor, ...]]
     operand_kinds: Sequence[str]
     input_names: Sequence[str]
@@ -82,9 +83,10 @@ class OpSpec:
         for lowering in self.lowerings:
             if lowering.kind == kind and lowering.supports(opset):
                 return lowering
-        available = ", ".join(
-            f"{lw.kind} (opset {lw.min_opset}..{lw.max_opset or 'newest'})" for lw in self.lowerings
-        ) or "none"
+        available = (
+            ", ".join(f"{lw.kind} (opset {lw.min_opset}..{lw.max_opset or 'newest'})" for lw in self.lowerings)
+            or "none"
+        )
         raise LoweringError(
             f"{self.torch_op} has no {kind!r} ONNX lowering at opset {opset}. Available: {available}. "
             "Pick another opset or lowering in opbridge.onnx.export(..., opset_version=..., lowering=...)."

@@ -77,7 +77,7 @@ def session_options(options: onnxruntime.SessionOptions | None = None) -> onnxru
     return options
 
 
-def InferenceSession(  # noqa: N802 - mirrors onnxruntime.InferenceSession
+def InferenceSession(
     model: Any,
     sess_options: onnxruntime.SessionOptions | None = None,
     providers: list[Any] | None = None,

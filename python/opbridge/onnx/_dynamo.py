@@ -17,7 +17,7 @@ def max_opset() -> int:
     try:
         from onnxscript.version_converter._version_converter import SUPPORTED_MAX_ONNX_OPSET
     except ImportError:  # an onnxscript that moved it: trust onnx
-        SUPPORTED_MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()  # noqa: N806
+        SUPPORTED_MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()
     return min(SUPPORTED_MAX_ONNX_OPSET, onnx.defs.onnx_opset_version())
 
 

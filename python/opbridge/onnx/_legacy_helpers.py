@@ -46,5 +46,7 @@ def set_broadcast_type(out, a, b) -> None:
     a_type, b_type = a.type(), b.type()
     if not isinstance(a_type, torch._C.TensorType) or a_type.scalarType() is None:
         return
-    sizes = _broadcast(a_type.varyingSizes(), b_type.varyingSizes() if isinstance(b_type, torch._C.TensorType) else None)
+    sizes = _broadcast(
+        a_type.varyingSizes(), b_type.varyingSizes() if isinstance(b_type, torch._C.TensorType) else None
+    )
     out.setType(a_type.with_sizes(sizes) if sizes is not None else a_type)
