@@ -62,16 +62,31 @@ class SessionThreads {
   OrtKernelContext* context_;
 };
 
-// The lite API declares every input and output optional, so a node that omits
-// one (an empty input name) would reach the kernel and dereference a null
-// value. Declare them required, except the inputs whose bit is set in
-// `OptionalInputs`; the runtime then rejects such models when it loads them.
+// Completes an op made by the lite API so that every supported runtime can use it:
+// - The lite API declares every input and output optional, so a node that omits
+//   one (an empty input name) would reach the kernel and dereference a null value.
+//   Inputs are declared required, except those whose bit is set in
+//   `OptionalInputs`; the runtime then rejects such models when it loads them.
+// - For status-returning kernels the lite API fills CreateKernel but not
+//   CreateKernelV2, and ORT 1.16 calls CreateKernelV2 unconditionally once an op
+//   declares API 16: it is provided here, turning exceptions into a status.
 template <uint64_t OptionalInputs = 0>
-Ort::Custom::OrtLiteCustomOp* with_required_arguments(Ort::Custom::OrtLiteCustomOp* op) {
+Ort::Custom::OrtLiteCustomOp* complete_op(Ort::Custom::OrtLiteCustomOp* op) {
   op->GetInputCharacteristic = [](const OrtCustomOp*, size_t index) {
     return index < 64 && ((OptionalInputs >> index) & 1) ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   };
   op->GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+  if (op->CreateKernelV2 == nullptr) {
+    op->CreateKernelV2 = [](const OrtCustomOp* self, const OrtApi* api, const OrtKernelInfo* info,
+                            void** kernel) -> OrtStatusPtr {
+      try {
+        *kernel = self->CreateKernel(self, api, info);
+        return nullptr;
+      } catch (const std::exception& error) {
+        return api->CreateStatus(ORT_RUNTIME_EXCEPTION, error.what());
+      }
+    };
+  }
   return op;
 }
 

@@ -42,11 +42,10 @@ Ort::Status MyAdd(OrtKernelContext* context, const Ort::Custom::Tensor<T>& a, co
 }  // namespace
 
 void append_my_add(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(with_required_arguments(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<float>)));
-  ops.push_back(with_required_arguments(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<double>)));
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<float>)));
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<double>)));
 #ifdef OPBRIDGE_HAS_FLOAT16
-  ops.push_back(with_required_arguments(
-      Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<Ort::Float16_t>)));
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<Ort::Float16_t>)));
 #endif
 }
 
