@@ -36,8 +36,8 @@ inline bool checked_numel(const std::vector<int64_t>& shape, int64_t& numel) {
 }
 
 // NumPy / ONNX multidirectional broadcasting, as torch.broadcast_shapes.
-inline Status broadcast_shapes(const char* op, const char* a_name, const std::vector<int64_t>& a,
-                               const char* b_name, const std::vector<int64_t>& b, std::vector<int64_t>& out) {
+inline Status broadcast_shapes(const char* op, const char* a_name, const std::vector<int64_t>& a, const char* b_name,
+                               const std::vector<int64_t>& b, std::vector<int64_t>& out) {
   const size_t rank = std::max(a.size(), b.size());
   out.assign(rank, 1);
   for (size_t i = 0; i < rank; ++i) {
@@ -45,8 +45,8 @@ inline Status broadcast_shapes(const char* op, const char* a_name, const std::ve
     const int64_t da = i < a.size() ? a[a.size() - 1 - i] : 1;
     const int64_t db = i < b.size() ? b[b.size() - 1 - i] : 1;
     if (da != db && da != 1 && db != 1) {
-      return {std::string(op) + ": " + a_name + " of shape " + shape_to_string(a) + " and " + b_name +
-              " of shape " + shape_to_string(b) + " cannot be broadcast together (dimension " +
+      return {std::string(op) + ": " + a_name + " of shape " + shape_to_string(a) + " and " + b_name + " of shape " +
+              shape_to_string(b) + " cannot be broadcast together (dimension " +
               std::to_string(-static_cast<int64_t>(i) - 1) + " is " + std::to_string(da) + " and " +
               std::to_string(db) + "; sizes must be equal or one of them 1)"};
     }
@@ -60,7 +60,8 @@ inline Status broadcast_shapes(const char* op, const char* a_name, const std::ve
 }
 
 // Element strides of a contiguous tensor of `shape`, seen as broadcast to `out_shape`.
-inline std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape, const std::vector<int64_t>& out_shape) {
+inline std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape,
+                                              const std::vector<int64_t>& out_shape) {
   std::vector<int64_t> strides(out_shape.size(), 0);
   int64_t stride = 1;
   for (size_t i = 0; i < shape.size(); ++i) {

@@ -69,7 +69,8 @@ void test_random_broadcasts() {
     auto make_input = [&] {
       std::vector<int64_t> shape(out_shape.begin() + (out_shape.empty() ? 0 : coin(rng) % (out_shape.size() + 1)),
                                  out_shape.end());
-      for (auto& d : shape) if (coin(rng) == 0) d = 1;
+      for (auto& d : shape)
+        if (coin(rng) == 0) d = 1;
       return shape;
     };
     const auto a_shape = make_input(), b_shape = make_input();

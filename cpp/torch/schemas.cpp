@@ -3,6 +3,4 @@
 // the exporters all follow.
 #include <torch/library.h>
 
-TORCH_LIBRARY(opbridge, m) {
-  m.def("my_add(Tensor a, Tensor b) -> Tensor");
-}
+TORCH_LIBRARY(opbridge, m) { m.def("my_add(Tensor a, Tensor b) -> Tensor"); }

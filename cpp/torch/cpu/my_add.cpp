@@ -14,8 +14,9 @@ std::vector<int64_t> to_vector(c10::IntArrayRef values) { return {values.begin()
 at::Tensor my_add_cpu(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu(), "opbridge::my_add: expected CPU tensors, got a on ",
               a.device(), " and b on ", b.device());
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "opbridge::my_add: a and b must have the same dtype, got a: ",
-              a.scalar_type(), " and b: ", b.scalar_type(), " (cast one of them first)");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(),
+              "opbridge::my_add: a and b must have the same dtype, got a: ", a.scalar_type(),
+              " and b: ", b.scalar_type(), " (cast one of them first)");
   const auto dtype = a.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf,
               "opbridge::my_add: expected float32, float64 or float16 tensors, got ", dtype);
@@ -23,16 +24,16 @@ at::Tensor my_add_cpu(const at::Tensor& a, const at::Tensor& b) {
               "opbridge::my_add: expected dense (strided) tensors, got ", a.layout(), " and ", b.layout());
 
   std::vector<int64_t> shape;
-  const auto status = kernels::broadcast_shapes("opbridge::my_add", "a", to_vector(a.sizes()), "b",
-                                                to_vector(b.sizes()), shape);
+  const auto status =
+      kernels::broadcast_shapes("opbridge::my_add", "a", to_vector(a.sizes()), "b", to_vector(b.sizes()), shape);
   TORCH_CHECK(status.ok(), status.message);
 
   at::Tensor out = at::empty(shape, a.options().memory_format(at::MemoryFormat::Contiguous));
   if (out.numel() == 0) return out;
   // expand() gives the strides of each input over the output shape (0 where
   // broadcast) without copying; non-contiguous inputs keep their strides.
-  const auto loop = kernels::make_binary_loop(shape, to_vector(a.expand(shape).strides()),
-                                              to_vector(b.expand(shape).strides()));
+  const auto loop =
+      kernels::make_binary_loop(shape, to_vector(a.expand(shape).strides()), to_vector(b.expand(shape).strides()));
   auto parallel_for = [](int64_t tasks, const auto& task) {
     at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) task(t);
