@@ -25,8 +25,9 @@ CELLS = parity.cells(exporters=["legacy"], opsets=LEGACY_OPSETS) + parity.cells(
 def test_parity_cell(cell):
     """ORT vs PyTorch for same-shape and broadcast operands, static and dynamic batch."""
     result = parity.run_cell(cell)
-    assert result.status == "pass", result.detail
-    assert len(result.subresults) == 4
+    # n/a only where the op's spec names a known gap (e.g. ORT has no float64 Asinh kernel).
+    assert result.status in ("pass", "n/a"), result.detail
+    assert result.status == "pass" or result.reason
 
 
 def _export(tmp_path, lowering, dynamo, opset, **kwargs):
@@ -140,3 +141,82 @@ def test_integer_inputs_fail_export_with_the_ops_message():
     args = (torch.ones(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64))
     with pytest.raises(Exception, match="expected float32, float64 or float16"):
         opbridge.onnx.export(opbridge.nn.MyAdd(), args, None, opset_version=17, dynamo=False)
+
+
+@pytest.mark.parametrize("name", ["asinh", "acosh", "atanh", "sinh", "cosh"])
+@pytest.mark.parametrize("opset", [9, 13, max(opbridge.onnx.supported_opsets(dynamo=False))])
+def test_plain_legacy_export_of_aten_ops_that_torch_cannot_export(tmp_path, name, opset):
+    """The issue's example: torch.onnx.export(..., dynamo=False, opset_version=9) of asinh works after import."""
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return getattr(torch, name)(x)
+
+    x = torch.rand(2, 3) * 0.5 + (1.5 if name == "acosh" else 0.0)
+    path = tmp_path / "model.onnx"
+    torch.onnx.export(Model().eval(), (x,), str(path), dynamo=False, opset_version=opset, input_names=["x"])
+    onnx_op = name.capitalize()
+    assert [n.op_type for n in onnx.load(str(path)).graph.node] == [onnx_op]
+    (y,) = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(y), getattr(torch, name)(x))
+
+
+@pytest.mark.parametrize(("dynamo", "opset"), [(False, 15), (False, 20), (True, 18), (True, 23)])
+def test_function_lowering_is_one_node_with_an_embedded_function(tmp_path, dynamo, opset):
+    class Model(torch.nn.Module):
+        def forward(self, a, b, x):
+            return torch.nn.functional.selu(opbridge.my_add(a, b)) + torch.nn.functional.selu(x)
+
+    a, b, x = torch.randn(2, 3), torch.randn(3), torch.randn(2, 3)
+    path = tmp_path / "model.onnx"
+    opbridge.onnx.export(
+        Model().eval(), (a, b, x), path, opset_version=opset, dynamo=dynamo, lowering="function",
+        input_names=["a", "b", "x"],
+    )  # fmt: skip
+    model = onnx.load(str(path))
+    calls = sorted(n.op_type for n in model.graph.node if n.domain == "opbridge.functions")
+    assert calls == ["MyAdd", "Selu", "Selu"]
+    assert sorted(f.name for f in model.functions) == ["MyAdd", "Selu"]
+    onnx.checker.check_model(model, full_check=True)
+    # Any runtime: a plain ORT session, no opbridge library.
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"a": a.numpy(), "b": b.numpy(), "x": x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(y), Model()(a, b, x))
+
+
+def test_function_lowering_below_its_opset_says_what_exists():
+    with pytest.raises(Exception, match=r"no 'function' ONNX lowering at opset 13.*function \(opset 15"):
+        opbridge.onnx.export(
+            opbridge.nn.MyAdd().eval(), (torch.randn(2), torch.randn(2)), None, opset_version=13, dynamo=False,
+            lowering="function",
+        )  # fmt: skip
+
+
+@torch.library.custom_op("opbridge_test::triple", mutates_args=())
+def _triple(x: torch.Tensor) -> torch.Tensor:
+    return 3 * x
+
+
+@_triple.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_register_mapping_serves_both_exporters():
+    """A user's mapping for an op no exporter knows, in one call."""
+    opbridge.onnx.register_mapping(
+        "opbridge_test::triple", lambda b, x: b.op("Mul", x, b.constant_like(3.0, x)), min_opset=9
+    )
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.opbridge_test.triple(x)
+
+    x = torch.randn(4)
+    for dynamo, opset in ((False, 9), (True, 18)):
+        model = opbridge.onnx.export(Model().eval(), (x,), None, opset_version=opset, dynamo=dynamo, input_names=["x"])
+        assert "Mul" in {n.op_type for n in model.graph.node}
+        session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        torch.testing.assert_close(torch.from_numpy(session.run(None, {"x": x.numpy()})[0]), 3 * x)
+    with pytest.raises(ValueError, match="already registered"):
+        opbridge.onnx.register_mapping("opbridge_test::triple", lambda b, x: x)

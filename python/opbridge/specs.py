@@ -14,25 +14,29 @@ from typing import Any
 
 import torch
 
-#: Lowering kinds: only standard ONNX ops / one node of opbridge's ORT library.
-LOWERING_KINDS = ("standard", "custom")
+#: Lowering kinds: only standard ONNX ops / one node of opbridge's ORT library /
+#: one call of an ONNX function (written in onnxscript) embedded in the model.
+LOWERING_KINDS = ("standard", "custom", "function")
 CUSTOM_DOMAIN = "opbridge"
 CUSTOM_DOMAIN_VERSION = 1
+#: Domain of the model-local ONNX functions of ``function`` lowerings.
+FUNCTION_DOMAIN = "opbridge.functions"
 
 
 @dataclass(frozen=True)
 class Lowering:
     """One way to express an op in ONNX, valid for opsets [min_opset, max_opset].
 
-    ``legacy(g, *args)`` builds the nodes for the TorchScript-based exporter;
-    ``dynamo(*args)`` is an onnxscript-traceable function for the dynamo exporter.
+    ``build(b, *args)`` adds the nodes through a builder (opbridge.onnx.builder),
+    which serves both exporters. A ``function`` lowering names an ONNX function
+    (``function``, see opbridge.onnx.functions) that the exported model carries.
     """
 
     kind: str
-    legacy: Callable[..., Any]
-    dynamo: Callable[..., Any]
+    build: Callable[..., Any]
     min_opset: int = 1
     max_opset: int | None = None
+    function: str | None = None
 
     def supports(self, opset: int) -> bool:
         return opset >= self.min_opset and (self.max_opset is None or opset <= self.max_opset)
@@ -57,18 +61,24 @@ class OpSpec:
     torch_op: str  # "namespace::name", the TORCH_LIBRARY schema name
     doc: str
     lowerings: Sequence[Lowering]
-    custom_node: CustomNode | None
+    custom_node: CustomNode | None = None
     #: dtypes the op supports; the parity matrix runs each.
-    dtypes: Sequence[torch.dtype]
-    #: name -> factory of an nn.Module calling the op that way (torch op, pybind, autograd.Function, nn.Module).
-    call_paths: dict[str, Callable[[], torch.nn.Module]]
+    dtypes: Sequence[torch.dtype] = (torch.float32,)
+    #: name -> factory of an nn.Module calling the op that way (torch op, pybind, autograd.Function, ...).
+    #: The parity matrix runs each; an op without call paths is not in the matrix.
+    call_paths: dict[str, Callable[[], torch.nn.Module]] = field(default_factory=dict)
     #: (dtype, operands, batch) -> example inputs; ``operands`` is one of ``operand_kinds``.
     #: The parity matrix finds the batch dims by comparing two batch sizes.
-    sample_inputs: Callable[[torch.dtype, str, int], tuple[torch.Tensor, ...]]
-    operand_kinds: Sequence[str]
-    input_names: Sequence[str]
+    sample_inputs: Callable[[torch.dtype, str, int], tuple[torch.Tensor, ...]] | None = None
+    operand_kinds: Sequence[str] = ("default",)
+    input_names: Sequence[str] = ()
     #: independent reference implementation (plain torch math), for tests.
-    reference: Callable[..., torch.Tensor]
+    reference: Callable[..., torch.Tensor] | None = None
+    #: parity tolerances that differ from the defaults: dtype name -> (rtol, atol).
+    tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: cell -> why it is expected not to run (e.g. ORT has no kernel), or None. Such a
+    #: cell is still run; if it fails, the matrix shows n/a with this reason, not a failure.
+    known_gaps: Callable[[Any], str | None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -80,6 +90,8 @@ class OpSpec:
         """The lowering of ``kind`` valid at ``opset``; raises LoweringError (saying what exists) if none."""
         if kind not in LOWERING_KINDS:
             raise ValueError(f"unknown lowering {kind!r}; choose one of {', '.join(LOWERING_KINDS)}")
+        if kind != "standard" and not any(lw.kind == kind for lw in self.lowerings):
+            kind = "standard"  # an op with no lowering of this kind at all keeps its standard one
         for lowering in self.lowerings:
             if lowering.kind == kind and lowering.supports(opset):
                 return lowering

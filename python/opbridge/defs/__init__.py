@@ -1,3 +1,3 @@
-"""The specs of opbridge's ops (see opbridge.specs); importing registers them."""
+"""The specs of opbridge's ops and mappings (see opbridge.specs); importing registers them."""
 
-from . import my_add  # noqa: F401
+from . import aten, my_add  # noqa: F401

@@ -2,33 +2,35 @@
 
 from __future__ import annotations
 
-import onnxscript
+from typing import TypeVar
+
 import torch
 from onnxscript import opset18 as op
+from onnxscript.onnx_types import DOUBLE, FLOAT, FLOAT16
 
 from .. import specs
-from ..onnx import _legacy_helpers as helpers
-
-_opbridge = onnxscript.values.Opset(specs.CUSTOM_DOMAIN, specs.CUSTOM_DOMAIN_VERSION)
+from ..onnx import functions
 
 
-def _legacy_standard(g, a, b):
-    two = g.op("Constant", value_t=torch.tensor(2, dtype=helpers.dtype_of(a, "opbridge::my_add", "a")))
-    return g.op("Add", g.op("Mul", a, two), b)
+def _standard(b, x, y):
+    return b.op("Add", b.op("Mul", x, b.constant_like(2.0, x)), y)
 
 
-def _legacy_custom(g, a, b):
-    out = g.op(f"{specs.CUSTOM_DOMAIN}::MyAdd", a, b)
-    helpers.set_broadcast_type(out, a, b)
+def _custom(b, x, y):
+    out = b.op("MyAdd", x, y, domain=specs.CUSTOM_DOMAIN)
+    b.set_broadcast_type(out, x, y)
     return out
 
 
-def _dynamo_standard(a, b):
-    return op.Add(op.Mul(a, op.CastLike(2.0, a)), b)
+T = TypeVar("T", FLOAT, DOUBLE, FLOAT16)
 
 
-def _dynamo_custom(a, b):
-    return _opbridge.MyAdd(a, b)
+def MyAdd(A: T, B: T) -> T:
+    two = op.CastLike(op.Constant(value_float=2.0), A)
+    return op.Add(op.Mul(A, two), B)
+
+
+_FUNCTION = functions.register(MyAdd, inputs=("A", "B"), outputs=("C",), doc="C = 2 * A + B (broadcasting)")
 
 
 class _TorchOp(torch.nn.Module):
@@ -68,8 +70,15 @@ SPEC = specs.register(
         doc="2 * a + b with broadcasting",
         lowerings=[
             # Constant, Mul and Add exist in every opset the exporters produce.
-            specs.Lowering("standard", _legacy_standard, _dynamo_standard, min_opset=7),
-            specs.Lowering("custom", _legacy_custom, _dynamo_custom, min_opset=7),
+            specs.Lowering("standard", _standard, min_opset=7),
+            specs.Lowering("custom", _custom, min_opset=7),
+            # The function body uses CastLike (opset 15) to match the input's dtype.
+            specs.Lowering(
+                "function",
+                functions.call(_FUNCTION, set_type=lambda b, out, x, y: b.set_broadcast_type(out, x, y)),
+                min_opset=15,
+                function=_FUNCTION,
+            ),
         ],
         custom_node=specs.CustomNode(
             op_type="MyAdd",

@@ -6,6 +6,13 @@
   any ONNX runtime can run the model, no library needed.
 * ``"custom"``: one node per op in the ``opbridge`` domain (e.g. opbridge::MyAdd),
   run in ONNX Runtime by the opbridge library (see :mod:`opbridge_ort`).
+* ``"function"``: one call per op of an ONNX function (written in onnxscript)
+  that the model carries; any runtime runs it, a viewer shows one node.
+
+An op has a lowering of a kind only for some opsets; asking for one it lacks
+raises :class:`LoweringError` naming what exists. Ops that opbridge maps but has
+no lowering of the requested kind for (e.g. ATen ops, which have only standard
+lowerings) use their standard lowering instead.
 """
 
 from __future__ import annotations
@@ -19,10 +26,22 @@ import torch
 
 from .. import specs
 from ..specs import LOWERING_KINDS, LoweringError
-from . import _dynamo, _legacy, _schemas
+from . import _dynamo, _legacy, _schemas, functions
 from ._dynamo import translation_table
+from .builder import DynamoBuilder, LegacyBuilder
+from .mapping import register_mapping
 
-__all__ = ["LOWERING_KINDS", "LoweringError", "export", "supported_opsets", "translation_table"]
+__all__ = [
+    "LOWERING_KINDS",
+    "DynamoBuilder",
+    "LegacyBuilder",
+    "LoweringError",
+    "export",
+    "functions",
+    "register_mapping",
+    "supported_opsets",
+    "translation_table",
+]
 
 
 def supported_opsets(dynamo: bool) -> range:
@@ -82,12 +101,14 @@ def export(
 
 
 def _export_legacy(model, args, f, opset_version, lowering, kwargs) -> onnx.ModelProto:
-    if lowering != "standard":
+    if lowering == "custom":
         kwargs["custom_opsets"] = {specs.CUSTOM_DOMAIN: specs.CUSTOM_DOMAIN_VERSION, **kwargs.get("custom_opsets", {})}
+    elif lowering == "function":
+        kwargs["custom_opsets"] = {specs.FUNCTION_DOMAIN: 1, **kwargs.get("custom_opsets", {})}
     buffer = io.BytesIO()
     with _legacy.lowering_scope(lowering):
         torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset_version, **kwargs)
-    model_proto = onnx.load_from_string(buffer.getvalue())
+    model_proto = functions.attach(onnx.load_from_string(buffer.getvalue()))
     _write(model_proto, f)
     return model_proto
 
@@ -103,12 +124,13 @@ def _export_dynamo(model, args, f, opset_version, lowering, kwargs) -> onnx.Mode
     program = torch.onnx.export(
         model, args, None, dynamo=True, opset_version=opset_version, custom_translation_table=table, **kwargs
     )
+    model_proto = functions.attach(program.model_proto)
     if f is not None:
-        if isinstance(f, (str, os.PathLike)):
-            program.save(f, external_data=external_data)
+        if isinstance(f, (str, os.PathLike)) and lowering != "function":
+            program.save(f, external_data=external_data)  # handles models too large for one protobuf
         else:
-            f.write(program.model_proto.SerializeToString())
-    return program.model_proto
+            _write(model_proto, f)
+    return model_proto
 
 
 def _dynamic_axes_to_shapes(args, input_names, output_names, dynamic_axes) -> tuple:

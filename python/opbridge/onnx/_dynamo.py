@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import specs
+from .builder import dynamo_translation
 
 #: The lowest opset the dynamo exporter produces (it builds at 18 and converts up).
 MIN_OPSET = 18
@@ -39,7 +40,7 @@ def translation_table(lowering: str = "standard", opset_version: int = MIN_OPSET
     table = {}
     for spec in specs.all_specs():
         try:
-            table[spec.overload] = spec.lowering(lowering, opset_version).dynamo
+            table[spec.overload] = dynamo_translation(spec.lowering(lowering, opset_version).build, opset_version)
         except specs.LoweringError as error:
             table[spec.overload] = _unsupported(error)
     return table

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .. import specs
+from .builder import LegacyBuilder
 
 # The legacy exporter gives symbolics no way to receive options, so the lowering
 # chosen for the export in progress travels in a thread-local.
@@ -40,15 +41,16 @@ def symbolic_for(name: str) -> Callable:
     spec = specs.get(name)
 
     def symbolic(g, *args):
-        return spec.lowering(current_lowering(), g.opset).legacy(g, *args)
+        return spec.lowering(current_lowering(), g.opset).build(LegacyBuilder(g), *args)
 
     symbolic.__name__ = f"{name}_symbolic"
     return symbolic
 
 
-def register_symbolics() -> None:
-    for spec in specs.all_specs():
-        torch.onnx.register_custom_op_symbolic(spec.torch_op, symbolic_for(spec.name), MIN_OPSET)
+def register_symbolics(only: specs.OpSpec | None = None) -> None:
+    for spec in [only] if only is not None else specs.all_specs():
+        minimum = max(MIN_OPSET, min(lw.min_opset for lw in spec.lowerings))
+        torch.onnx.register_custom_op_symbolic(spec.torch_op, symbolic_for(spec.name), minimum)
 
 
 def max_opset() -> int:

@@ -1,0 +1,169 @@
+"""One way to write an ONNX lowering for both of PyTorch's exporters.
+
+A lowering is a Python function ``fn(b, *args)`` that builds nodes through a
+builder ``b``:
+
+    def asinh(b, x):
+        return b.op("Asinh", x)
+
+``b.op(op_type, *inputs, domain="", **attributes)`` adds a node and returns its
+output(s); attributes are plain Python values (int, float, str, lists of them).
+For the TorchScript-based exporter ``b`` wraps the symbolic's graph context
+(``g.op`` with its ``_i``/``_f``/``_s`` attribute suffixes); for the dynamo
+exporter it records onnxscript ops. ``b.opset`` is the opset being exported and
+``b.exporter`` is ``"legacy"`` or ``"dynamo"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+_SCALAR_TYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16}
+
+
+def _legacy_attribute(name: str, value: Any) -> tuple[str, Any]:
+    sample = value[0] if isinstance(value, (list, tuple)) and value else value
+    if isinstance(value, torch.Tensor):
+        return f"{name}_t", value
+    if isinstance(sample, (bool, int)):
+        return f"{name}_i", value
+    if isinstance(sample, float):
+        return f"{name}_f", value
+    if isinstance(sample, str):
+        return f"{name}_s", value
+    raise TypeError(f"attribute {name}={value!r}: expected int, float, str or a list of them")
+
+
+class LegacyBuilder:
+    """Builder over the TorchScript-based exporter's GraphContext."""
+
+    exporter = "legacy"
+
+    def __init__(self, g) -> None:
+        self.g = g
+        self.opset: int = g.opset
+
+    def op(self, op_type: str, *inputs, domain: str = "", outputs: int = 1, **attributes):
+        name = f"{domain}::{op_type}" if domain else op_type
+        attrs = dict(_legacy_attribute(k, v) for k, v in attributes.items())
+        return self.g.op(name, *inputs, outputs=outputs, **attrs)
+
+    def dtype(self, value, what: str = "input") -> torch.dtype:
+        scalar_type = value.type().scalarType() if isinstance(value.type(), torch._C.TensorType) else None
+        if scalar_type not in _SCALAR_TYPES:
+            from ..specs import LoweringError
+
+            raise LoweringError(
+                f"the ONNX export needs the dtype of {what}, but the exporter knows it as {scalar_type!r}; "
+                "export with example inputs of a floating dtype"
+            )
+        return _SCALAR_TYPES[scalar_type]
+
+    def constant_like(self, value: float, like):
+        """A scalar constant with the element type of ``like``."""
+        return self.g.op("Constant", value_t=torch.tensor(value, dtype=self.dtype(like)))
+
+    def constant(self, values: Sequence[int] | int):
+        """An int64 constant (shapes, axes, indices)."""
+        return self.g.op("Constant", value_t=torch.tensor(values, dtype=torch.int64))
+
+    def value(self, argument, kind: str = "i"):
+        """A non-tensor argument (int, float, list) as a Python value."""
+        from torch.onnx import symbolic_helper
+
+        return symbolic_helper._maybe_get_const(argument, kind)
+
+    def set_broadcast_type(self, out, a, b) -> None:
+        """Gives a custom node's output the dtype of ``a`` and the broadcast shape of a and b.
+
+        ONNX shape inference knows nothing of custom domains; without this the
+        output would carry no type and downstream shape inference would stop there.
+        """
+        a_type, b_type = a.type(), b.type()
+        if not isinstance(a_type, torch._C.TensorType) or a_type.scalarType() is None:
+            return
+        b_sizes = b_type.varyingSizes() if isinstance(b_type, torch._C.TensorType) else None
+        sizes = _broadcast(a_type.varyingSizes(), b_sizes)
+        out.setType(a_type.with_sizes(sizes) if sizes is not None else a_type)
+
+    def set_type(self, out, like, sizes: Sequence[int | None] | None) -> None:
+        """Gives a custom node's output the dtype of ``like`` and ``sizes`` (None: unknown dims)."""
+        like_type = like.type()
+        if isinstance(like_type, torch._C.TensorType) and like_type.scalarType() is not None:
+            out.setType(like_type.with_sizes(list(sizes)) if sizes is not None else like_type)
+
+
+class DynamoBuilder:
+    """Builder recording onnxscript ops, for a custom_translation_table function."""
+
+    exporter = "dynamo"
+
+    def __init__(self, opset: int) -> None:
+        import onnxscript
+
+        self.opset = opset
+        self._onnxscript = onnxscript
+        # The exporter builds its graph at opset 18 and converts it to the target
+        # opset; ops newer than 18 are recorded at the version that introduced them.
+        self._standard = onnxscript.values.Opset("", max(opset, 18))
+
+    def op(self, op_type: str, *inputs, domain: str = "", outputs: int = 1, **attributes):
+        from ..specs import CUSTOM_DOMAIN_VERSION
+
+        opset = self._standard if not domain else self._onnxscript.values.Opset(domain, CUSTOM_DOMAIN_VERSION)
+        return getattr(opset, op_type)(*inputs, **attributes)
+
+    def constant_like(self, value: float, like):
+        return self._standard.CastLike(self._standard.Constant(value_float=float(value)), like)
+
+    def constant(self, values: Sequence[int] | int):
+        if isinstance(values, int):
+            return self._standard.Constant(value_int=values)
+        return self._standard.Constant(value_ints=list(values))
+
+    def value(self, argument, kind: str = "i"):
+        return argument
+
+    def set_broadcast_type(self, out, a, b) -> None:
+        """Types come from torch.export's fake tensors; nothing to do."""
+
+    def set_type(self, out, like, sizes) -> None:
+        """Types come from torch.export's fake tensors; nothing to do."""
+
+
+def _broadcast(a: list | None, b: list | None) -> list | None:
+    if a is None or b is None:
+        return None
+    rank = max(len(a), len(b))
+    a = [1] * (rank - len(a)) + list(a)
+    b = [1] * (rank - len(b)) + list(b)
+    out = []
+    for x, y in zip(a, b, strict=True):
+        if x == 1:
+            out.append(y)
+        elif y == 1 or y is None or x == y:
+            out.append(x)
+        else:  # x is unknown and y is a known size other than 1
+            out.append(y)
+    return out
+
+
+def legacy_symbolic(fn: Callable) -> Callable:
+    """A symbolic for torch.onnx.register_custom_op_symbolic from a builder lowering."""
+
+    def symbolic(g, *args):
+        return fn(LegacyBuilder(g), *args)
+
+    return symbolic
+
+
+def dynamo_translation(fn: Callable, opset: int) -> Callable:
+    """A custom_translation_table entry from a builder lowering."""
+
+    def translation(*args, **kwargs):
+        return fn(DynamoBuilder(opset), *args, **kwargs)
+
+    return translation
