@@ -1,4 +1,4 @@
-"""``python -m opbridge COMMAND``: the parity matrix (``parity``)."""
+"""``python -m opbridge COMMAND``: the parity matrix (``parity``), what a model needs (``inspect``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"parity": "opbridge.parity"}
+    commands = {"parity": "opbridge.parity", "inspect": "opbridge_ort.inspect"}
     if not argv or argv[0] not in commands:
-        print("usage: python -m opbridge {parity} [options]   (python -m opbridge parity --help)", file=sys.stderr)
+        print(
+            "usage: python -m opbridge {parity,inspect} [options]   (e.g. python -m opbridge parity --help)",
+            file=sys.stderr,
+        )
         return 2
     import importlib
 

@@ -24,10 +24,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import onnxruntime
 
-__all__ = ["DOMAIN", "InferenceSession", "library_path", "session_options"]
+__all__ = ["DOMAIN", "OPS", "InferenceSession", "library_path", "session_options"]
 
 #: The ONNX domain of opbridge's custom ops.
 DOMAIN = "opbridge"
+#: The ops the library registers in that domain, with their opset version
+#: (tests/test_ort.py checks each against the library).
+OPS = {"MyAdd": 1}
 _LIBRARY_NAME = "libopbridge_ort.so"
 # Marks session options that already carry the library: registering it twice
 # would make ORT refuse the duplicate "opbridge" domain.

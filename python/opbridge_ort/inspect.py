@@ -1,0 +1,179 @@
+"""``python -m opbridge_ort inspect MODEL.onnx`` (also ``python -m opbridge inspect``).
+
+Lists a model's opsets and nodes by domain and says, for each op, whether the
+installed ONNX Runtime can run it without and with the opbridge library, and
+what to do when it cannot: the answer to "X is not a registered function/op".
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from dataclasses import dataclass
+
+from . import DOMAIN, OPS
+
+STANDARD_DOMAINS = ("", "ai.onnx")
+FUNCTION_DOMAIN = "opbridge.functions"
+
+
+@dataclass
+class OpReport:
+    domain: str
+    op_type: str
+    count: int
+    opset: int | None
+    without_library: bool
+    with_library: bool
+    how: str
+    advice: str = ""
+
+
+def _kernels() -> dict[tuple[str, str], list[tuple[int, int]]]:
+    from onnxruntime.capi import _pybind_state
+
+    table: dict[tuple[str, str], list[tuple[int, int]]] = collections.defaultdict(list)
+    for kernel in _pybind_state.get_all_opkernel_def():
+        if kernel.provider == "CPUExecutionProvider":
+            domain = "" if kernel.domain in STANDARD_DOMAINS else kernel.domain
+            table[(domain, kernel.op_name)].append(tuple(kernel.version_range))
+    return table
+
+
+def _schema_function_body(domain: str, op_type: str, opset: int) -> bool:
+    import onnx
+
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
+
+
+def _nodes(graph):
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for subgraph in [attribute.g, *attribute.graphs]:
+                if subgraph.node:
+                    yield from _nodes(subgraph)
+
+
+def inspect_model(model) -> tuple[dict[str, int], list[OpReport]]:
+    """Opset imports and one report per (domain, op type) of ``model`` (an onnx.ModelProto)."""
+    opsets = {("" if e.domain in STANDARD_DOMAINS else e.domain): e.version for e in model.opset_import}
+    local_functions = {(f.domain, f.name) for f in model.functions}
+    kernels = _kernels()
+    counts = collections.Counter(
+        ("" if n.domain in STANDARD_DOMAINS else n.domain, n.op_type) for n in _nodes(model.graph)
+    )
+    for function in model.functions:
+        counts.update(("" if n.domain in STANDARD_DOMAINS else n.domain, n.op_type) for n in function.node)
+    reports = []
+    for (domain, op_type), count in sorted(counts.items()):
+        opset = opsets.get(domain)
+        report = OpReport(domain, op_type, count, opset, False, False, "")
+        ranges = kernels.get((domain, op_type), [])
+        if (domain, op_type) == ("", "Constant"):
+            report.without_library = report.with_library = True
+            report.how = "turned into an initializer by the runtime"
+        elif (domain, op_type) in local_functions:
+            report.without_library = report.with_library = True
+            report.how = "model-local ONNX function (inlined by the runtime)"
+        elif domain == DOMAIN:
+            report.with_library = op_type in OPS and opset is not None and opset >= OPS[op_type]
+            report.how = "opbridge custom op" if report.with_library else "not in this opbridge library"
+            report.advice = (
+                "load the opbridge library: opbridge_ort.InferenceSession(model) or "
+                "options.register_custom_ops_library(opbridge_ort.library_path())"
+                if report.with_library
+                else f"this opbridge library implements {', '.join(sorted(OPS))}; upgrade opbridge, or re-export "
+                "with lowering='standard'"
+            )
+        elif opset is not None and any(low <= opset <= high for low, high in ranges):
+            report.without_library = report.with_library = True
+            report.how = f"ONNX Runtime kernel ({domain or 'ai.onnx'} opset {opset})"
+        elif opset is not None and _schema_function_body(domain, op_type, opset):
+            report.without_library = report.with_library = True
+            report.how = "expanded from its ONNX function body"
+        elif ranges:
+            versions = ", ".join(f"{low}..{high if high < 2**31 - 1 else 'newest'}" for low, high in sorted(ranges))
+            report.how = f"no kernel at opset {opset}"
+            report.advice = f"this onnxruntime has {op_type} kernels for opsets {versions}: re-export at one of them"
+        elif domain in ("", "ai.onnx.ml", "com.microsoft"):
+            report.how = "no kernel in this onnxruntime"
+            report.advice = "upgrade onnxruntime, or re-export with an opset or lowering that avoids this op"
+        else:
+            report.how = f"unknown custom domain {domain!r}"
+            report.advice = (
+                f"ONNX Runtime reports '{domain}:{op_type} is not a registered function/op': an exporter rule "
+                "emitted a custom node no runtime knows. Register a custom-op library that implements it, or "
+                "re-export with a rule that emits standard ops (opbridge.onnx.export(..., lowering='standard'))"
+            )
+        reports.append(report)
+    return opsets, reports
+
+
+def _try_session(model_bytes: bytes, with_library: bool) -> str:
+    import onnxruntime
+
+    from . import session_options
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4
+    if with_library:
+        options = session_options(options)
+    try:
+        onnxruntime.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+    except Exception as error:
+        return "fails: " + " ".join(str(error).split())[:300]
+    return "loads"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import onnx
+    import onnxruntime
+
+    parser = argparse.ArgumentParser(prog="python -m opbridge inspect", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="path of an .onnx model")
+    args = parser.parse_args(argv)
+    try:
+        model = onnx.load(args.model, load_external_data=False)
+    except Exception as error:
+        print(f"cannot read {args.model} as an ONNX model: {error}", file=sys.stderr)
+        return 2
+    opsets, reports = inspect_model(model)
+    print(
+        f"{args.model}: IR version {model.ir_version}, producer {model.producer_name or '?'} {model.producer_version}"
+    )
+    print("opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(opsets.items())))
+    if model.functions:
+        print("functions: " + ", ".join(f"{f.domain}::{f.name}" for f in model.functions))
+    print(f"onnxruntime {onnxruntime.__version__}\n")
+    widths = (20, 22, 6, 8, 13)
+    header = ("domain", "op", "nodes", "ORT", "ORT+opbridge")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + "  how")
+    for r in reports:
+        row = (r.domain or "ai.onnx", r.op_type, str(r.count), _yes(r.without_library), _yes(r.with_library))
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) + "  " + r.how)
+    advice = [r for r in reports if r.advice]
+    if advice:
+        print("\nwhat to do:")
+        for r in advice:
+            print(f"  {r.domain or 'ai.onnx'}::{r.op_type}: {r.advice}")
+    data = model.SerializeToString() if not _has_external_data(model) else None
+    if data is not None:
+        print(f"\nsession without the opbridge library: {_try_session(data, False)}")
+        print(f"session with the opbridge library:    {_try_session(data, True)}")
+    runnable = all(r.with_library for r in reports)
+    return 0 if runnable else 1
+
+
+def _has_external_data(model) -> bool:
+    return any(t.data_location == 1 for t in model.graph.initializer)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "NO"

@@ -1,0 +1,88 @@
+"""``python -m opbridge inspect``: what a model needs and what to do about it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import opbridge
+import opbridge_ort
+from opbridge import specs
+
+
+def _run(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd)
+
+
+def _one_node_model(path, domain, op_type, opset=17):
+    node = helper.make_node(op_type, ["x"], ["y"], domain=domain)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    onnx.save(helper.make_model(graph, opset_imports=imports), str(path))
+
+
+def test_custom_model_needs_the_library(tmp_path):
+    path = tmp_path / "custom.onnx"
+    args = (torch.randn(2, 3), torch.randn(3))
+    opbridge.onnx.export(opbridge.nn.MyAdd().eval(), args, path, opset_version=17, dynamo=False, lowering="custom")
+    result = _run("-m", "opbridge", "inspect", str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("opbridge ") and "MyAdd" in ln)
+    assert line.split()[2:5] == ["1", "NO", "yes"]
+    assert "register_custom_ops_library(opbridge_ort.library_path())" in result.stdout
+    assert "session without the opbridge library: fails" in result.stdout
+    assert "is not a registered function/op" in result.stdout
+    assert "session with the opbridge library:    loads" in result.stdout
+
+
+def test_unknown_custom_domain_explains_the_famous_error(tmp_path):
+    """The classic tutorial's deform_conv2d export: a custom:: node no runtime knows."""
+    path = tmp_path / "broken.onnx"
+    _one_node_model(path, "custom", "deform_conv2d")
+    result = _run("-m", "opbridge_ort", "inspect", str(path), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "unknown custom domain 'custom'" in result.stdout
+    assert "lowering='standard'" in result.stdout
+
+
+def test_missing_kernel_and_opset_advice(tmp_path):
+    path = tmp_path / "ms.onnx"
+    _one_node_model(path, "com.microsoft", "NoSuchOpAnywhere")
+    result = _run("-m", "opbridge_ort", "inspect", str(path), cwd=tmp_path)
+    assert result.returncode == 1 and "no kernel in this onnxruntime" in result.stdout
+
+
+def test_inspect_is_torch_free(tmp_path):
+    path = tmp_path / "plain.onnx"
+    _one_node_model(path, "", "Relu")
+    script = (
+        "import sys; from opbridge_ort.inspect import main\n"
+        f"rc = main([{str(path)!r}])\n"
+        "assert 'torch' not in sys.modules\n"
+        "sys.exit(rc)\n"
+    )
+    result = _run("-c", script, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Relu" in result.stdout
+
+
+def test_not_a_model(tmp_path):
+    path = tmp_path / "junk.onnx"
+    path.write_bytes(b"not a model")
+    result = _run("-m", "opbridge", "inspect", str(path), cwd=tmp_path)
+    assert result.returncode == 2 and "cannot read" in result.stderr
+
+
+@pytest.mark.parametrize("spec", [s for s in specs.all_specs() if s.custom_node], ids=lambda s: s.name)
+def test_opbridge_ort_ops_list_matches_the_specs(spec):
+    assert opbridge_ort.OPS.get(spec.custom_node.op_type) == specs.CUSTOM_DOMAIN_VERSION
