@@ -1,4 +1,7 @@
-"""Every ```python block of the README and docs/ runs, so the docs cannot rot."""
+"""Every ```python block of the README and docs/ runs, so the docs cannot rot.
+
+The blocks of one page run in order in one namespace, as a reader would run them.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +12,29 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCKS = [
-    pytest.param(match.group(1), id=f"{path.name}:{path.read_text()[: match.start()].count(chr(10)) + 1}")
-    for path in DOCUMENTS
-    for match in re.finditer(r"```python\n(.*?)```", path.read_text(), flags=re.S)
-]
+
+
+def _blocks(path: Path) -> list[tuple[int, str]]:
+    text = path.read_text()
+    return [
+        (text[: match.start()].count("\n") + 1, match.group(1))
+        for match in re.finditer(r"```python\n(.*?)```", text, flags=re.S)
+    ]
+
+
+PAGES = [pytest.param(path, id=path.name) for path in DOCUMENTS if _blocks(path)]
 
 
 def test_there_are_examples():
-    assert BLOCKS, "no python examples found in the docs"
+    assert len(PAGES) >= 2, "the README and the tutorial must have python examples"
 
 
-@pytest.mark.parametrize("code", BLOCKS)
-def test_doc_example_runs(code, tmp_path, monkeypatch):
+@pytest.mark.parametrize("path", PAGES)
+def test_doc_examples_run(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples may write files: only under tmp_path
-    exec(compile(code, "<doc example>", "exec"), {"__name__": "__doc_example__"})
+    namespace = {"__name__": "__doc_example__"}
+    for line, code in _blocks(path):
+        try:
+            exec(compile(code, f"{path.name}:{line}", "exec"), namespace)
+        except Exception as error:
+            raise AssertionError(f"the example at {path.name}:{line} failed: {error!r}") from error
