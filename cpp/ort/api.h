@@ -93,5 +93,6 @@ Ort::Custom::OrtLiteCustomOp* complete_op(Ort::Custom::OrtLiteCustomOp* op) {
 // Appends the OrtCustomOps of each op (one per supported element type) to `ops`.
 // This is the op list of the library: one line per op here and in register.cc.
 void append_my_add(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops);
+void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops);
 
 }  // namespace opbridge::ort

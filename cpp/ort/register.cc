@@ -18,6 +18,7 @@ int g_api_version = 0;
 Ort::CustomOpDomain* make_domain(int version) {
   static std::vector<Ort::Custom::OrtLiteCustomOp*> ops;
   append_my_add(ops);
+  append_deform_conv2d(ops);
   auto* domain = new Ort::CustomOpDomain("opbridge");
   for (auto* op : ops) {
     // Declare the negotiated version, not the headers': an older runtime

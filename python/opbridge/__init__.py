@@ -18,11 +18,11 @@ _C = _extension.load()
 # ops registers the fake kernels and autograd formulas; defs, the op specs.
 from . import defs, nn, onnx, ops  # noqa: E402, F401
 from .autograd import MyAddFunction  # noqa: E402
-from .ops import my_add  # noqa: E402
+from .ops import deform_conv2d, my_add  # noqa: E402
 
 onnx._register()
 
 import opbridge_ort as ort  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["MyAddFunction", "my_add", "nn", "onnx", "ops", "ort"]
+__all__ = ["MyAddFunction", "deform_conv2d", "my_add", "nn", "onnx", "ops", "ort"]

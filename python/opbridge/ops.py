@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["my_add"]
+__all__ = ["deform_conv2d", "my_add"]
 
 
 def my_add(a: Tensor, b: Tensor) -> Tensor:
@@ -61,3 +61,72 @@ def _my_add_autograd(ctx, grad: Tensor) -> tuple:
 
 
 torch.library.register_autograd("opbridge::my_add", _my_add_autograd, setup_context=_my_add_setup_context)
+
+
+def _pair(value, name: str) -> list[int]:
+    if isinstance(value, int):
+        return [value, value]
+    values = [int(v) for v in value]
+    if len(values) != 2:
+        raise ValueError(f"opbridge.deform_conv2d: {name} must be an int or a pair of ints, got {value!r}")
+    return values
+
+
+def deform_conv2d(
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride=(1, 1),
+    padding=(0, 0),
+    dilation=(1, 1),
+    mask: Tensor | None = None,
+) -> Tensor:
+    """Deformable convolution v1 (``mask=None``) and v2: ``torch.ops.opbridge.deform_conv2d``.
+
+    Same signature and semantics as ``torchvision.ops.deform_conv2d``:
+
+    Args:
+        input: ``[N, C_in, H, W]``.
+        offset: ``[N, 2 * offset_groups * kh * kw, H_out, W_out]``, (dy, dx) per kernel tap.
+        weight: ``[C_out, C_in / groups, kh, kw]``; ``groups`` follows from the shapes.
+        bias: ``[C_out]`` or None.
+        stride, padding, dilation: an int or a pair (height, width).
+        mask: ``[N, offset_groups * kh * kw, H_out, W_out]`` or None.
+
+    float32 or float64, CPU. Exports to ONNX ``DeformConv`` (opset >= 19), to standard
+    ops below that, or to one ``opbridge::DeformConv2d`` node (see opbridge.onnx.export).
+    Not differentiable (forward only).
+    """
+    return torch.ops.opbridge.deform_conv2d(
+        input,
+        offset,
+        weight,
+        bias,
+        _pair(stride, "stride"),
+        _pair(padding, "padding"),
+        _pair(dilation, "dilation"),
+        mask,
+    )
+
+
+@torch.library.register_fake("opbridge::deform_conv2d")
+def _deform_conv2d_fake(input, offset, weight, bias, stride, padding, dilation, mask):
+    torch._check(
+        input.dim() == 4 and weight.dim() == 4 and offset.dim() == 4,
+        lambda: (
+            "opbridge::deform_conv2d: input, weight and offset must be 4-D, got shapes "
+            f"{tuple(input.shape)}, {tuple(weight.shape)} and {tuple(offset.shape)}"
+        ),
+    )
+    for name, tensor in (("offset", offset), ("weight", weight), ("bias", bias), ("mask", mask)):
+        torch._check(
+            tensor is None or tensor.dtype == input.dtype,
+            lambda name=name, tensor=tensor: (
+                f"opbridge::deform_conv2d: {name} must have the dtype of input ({input.dtype}), got {tensor.dtype}"
+            ),
+        )
+    kernel_h, kernel_w = weight.shape[2], weight.shape[3]
+    out_h = (input.shape[2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
+    out_w = (input.shape[3] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
+    return input.new_empty((input.shape[0], weight.shape[0], out_h, out_w))

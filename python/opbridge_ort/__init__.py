@@ -11,7 +11,8 @@ or, with your own session options::
     options = opbridge_ort.session_options()      # or session_options(existing)
     session = onnxruntime.InferenceSession("model.onnx", options)
 
-The library (``library_path()``) registers the ``opbridge`` domain: MyAdd (v1).
+The library (``library_path()``) registers the ``opbridge`` domain: MyAdd and
+DeformConv2d (v1; the latter with the inputs and attributes of ONNX DeformConv).
 It works with ONNX Runtime 1.16 and newer.
 """
 
@@ -30,7 +31,7 @@ __all__ = ["DOMAIN", "OPS", "InferenceSession", "library_path", "session_options
 DOMAIN = "opbridge"
 #: The ops the library registers in that domain, with their opset version
 #: (tests/test_ort.py checks each against the library).
-OPS = {"MyAdd": 1}
+OPS = {"MyAdd": 1, "DeformConv2d": 1}
 _LIBRARY_NAME = "libopbridge_ort.so"
 # Marks session options that already carry the library: registering it twice
 # would make ORT refuse the duplicate "opbridge" domain.

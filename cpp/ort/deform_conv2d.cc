@@ -1,0 +1,108 @@
+// ORT adapter of kernels/deform_conv2d.h: opbridge::DeformConv2d, with the
+// inputs (X, W, offset, optional B, optional mask) and attributes (dilations,
+// group, kernel_shape, offset_group, pads, strides) of ONNX DeformConv, so it
+// runs deformable convolutions on ORT versions without a DeformConv kernel.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/deform_conv2d.h"
+#include "ort/api.h"
+
+namespace opbridge::ort {
+namespace {
+
+constexpr const char* kOp = "opbridge::DeformConv2d";
+constexpr kernels::DeformConv2dNames kNames{kOp,
+                                            "input X (index 0)",
+                                            "input W (index 1)",
+                                            "input offset (index 2)",
+                                            "input mask (index 4)",
+                                            "input B (index 3)"};
+
+// Optional attributes: absent means the ONNX default.
+std::vector<int64_t> ints_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name,
+                                    std::vector<int64_t> fallback) {
+  size_t size = 0;
+  if (OrtStatus* status = api->KernelInfoGetAttributeArray_int64(info, name, nullptr, &size)) {
+    api->ReleaseStatus(status);
+    return fallback;
+  }
+  std::vector<int64_t> values(size);
+  if (size > 0) Ort::ThrowOnError(api->KernelInfoGetAttributeArray_int64(info, name, values.data(), &size));
+  return values;
+}
+
+int64_t int_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name, int64_t fallback) {
+  int64_t value = fallback;
+  if (OrtStatus* status = api->KernelInfoGetAttribute_int64(info, name, &value)) {
+    api->ReleaseStatus(status);
+    return fallback;
+  }
+  return value;
+}
+
+template <class T>
+struct DeformConv2d {
+  DeformConv2d(const OrtApi* api, const OrtKernelInfo* info) {
+    attributes.strides = ints_attribute(api, info, "strides", {1, 1});
+    attributes.dilations = ints_attribute(api, info, "dilations", {1, 1});
+    attributes.pads = ints_attribute(api, info, "pads", {0, 0, 0, 0});
+    attributes.kernel_shape = ints_attribute(api, info, "kernel_shape", {});
+    attributes.groups = int_attribute(api, info, "group", 1);
+    attributes.offset_groups = int_attribute(api, info, "offset_group", 1);
+  }
+
+  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& x, const Ort::Custom::Tensor<T>& w,
+                      const Ort::Custom::Tensor<T>& offset, Ort::Custom::Tensor<T>& y) {
+    return guarded(kOp, [&] {
+      // B and mask are optional and may be omitted by an empty name, which the
+      // lite API's optional tensors do not survive: read them here.
+      Ort::KernelContext ctx(context);
+      const size_t inputs = ctx.GetInputCount();
+      std::optional<Ort::ConstValue> bias, mask;
+      if (inputs > 3 && ctx.GetInput(3)) bias = ctx.GetInput(3);
+      if (inputs > 4 && ctx.GetInput(4)) mask = ctx.GetInput(4);
+      std::vector<int64_t> bias_shape, mask_shape;
+      if (bias) bias_shape = bias->GetTensorTypeAndShapeInfo().GetShape();
+      if (mask) mask_shape = mask->GetTensorTypeAndShapeInfo().GetShape();
+      kernels::DeformConv2dShape shape;
+      const auto status =
+          kernels::check_deform_conv2d(kNames, x.Shape(), w.Shape(), offset.Shape(), mask ? &mask_shape : nullptr,
+                                       bias ? &bias_shape : nullptr, attributes, shape);
+      if (!status.ok()) return from_kernel(status);
+      T* out = y.Allocate({shape.batch, shape.out_channels, shape.out_h, shape.out_w});
+      if (shape.batch == 0) return Ort::Status(nullptr);
+      std::vector<T> columns(
+          static_cast<size_t>(shape.in_channels * shape.kernel_h * shape.kernel_w * shape.out_h * shape.out_w));
+      const SessionThreads threads(context);
+      auto gemm = [&](int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c) {
+        kernels::gemm_reference(m, n, k, a, b, c, threads);
+      };
+      kernels::deform_conv2d(x.Data(), w.Data(), offset.Data(), mask ? mask->GetTensorData<T>() : nullptr,
+                             bias ? bias->GetTensorData<T>() : nullptr, out, columns.data(), shape, threads, gemm);
+      return Ort::Status(nullptr);
+    });
+  }
+
+  kernels::DeformConv2dAttributes attributes;
+};
+
+template <class T, ONNXTensorElementDataType Element>
+Ort::Custom::OrtLiteCustomOp* make_op() {
+  auto* op =
+      complete_op<0b11000>(Ort::Custom::CreateLiteCustomOp<DeformConv2d<T>>("DeformConv2d", "CPUExecutionProvider"));
+  // Five inputs, as ONNX DeformConv; the lite API only saw the three it passes.
+  op->GetInputTypeCount = [](const OrtCustomOp*) -> size_t { return 5; };
+  op->GetInputType = [](const OrtCustomOp*, size_t) { return Element; };
+  return op;
+}
+
+}  // namespace
+
+void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  ops.push_back(make_op<float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>());
+  ops.push_back(make_op<double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
+}
+
+}  // namespace opbridge::ort
