@@ -111,7 +111,11 @@ def deform_conv2d(
 
 
 @torch.library.register_fake("opbridge::deform_conv2d")
-def _deform_conv2d_fake(input, offset, weight, bias, stride, padding, dilation, mask):
+def _deform_conv2d_fake(input, offset, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), mask=None):
+    # Defaults as in the schema: tracers drop trailing arguments left at their defaults.
+    stride, padding, dilation = (
+        _pair(v, n) for v, n in ((stride, "stride"), (padding, "padding"), (dilation, "dilation"))
+    )
     torch._check(
         input.dim() == 4 and weight.dim() == 4 and offset.dim() == 4,
         lambda: (

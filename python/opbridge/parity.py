@@ -146,6 +146,8 @@ def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> Su
 
     dtype = next(d for d in spec.dtypes if _DTYPE_NAMES[d] == cell.dtype)
     module = spec.call_paths[cell.path]().eval()
+    if dtype.is_floating_point:
+        module = module.to(dtype)  # parameters follow the cell's dtype
     export_inputs = spec.sample_inputs(dtype, operands, EXPORT_BATCH)
     run_batch = EXPORT_BATCH if batch == "static" else DYNAMIC_RUN_BATCH
     run_inputs = spec.sample_inputs(dtype, operands, run_batch)
@@ -153,7 +155,8 @@ def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> Su
         expected = _as_tuple(module(*run_inputs))
         export_outputs = _as_tuple(module(*export_inputs))
     output_names = [f"out{i}" for i in range(len(expected))]
-    kwargs: dict = {"input_names": list(spec.input_names), "output_names": output_names}
+    input_names = list(spec.input_names[: len(export_inputs)])
+    kwargs: dict = {"input_names": input_names, "output_names": output_names}
     if cell.exporter == "dynamo":
         kwargs["verbose"] = False  # no per-step progress lines from the exporter
     if batch == "dynamic":
@@ -163,7 +166,7 @@ def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> Su
             batch_dim = torch.export.Dim("batch")
             kwargs["dynamic_shapes"] = tuple({d: batch_dim for d in ds} or None for ds in dims[: len(export_inputs)])
         else:
-            names = list(spec.input_names) + output_names
+            names = input_names + output_names
             kwargs["dynamic_axes"] = {n: {d: "batch" for d in ds} for n, ds in zip(names, dims, strict=True) if ds}
     with warnings.catch_warnings():
         # The exporters' advice (deprecations, axis naming) is not a parity failure.
@@ -187,7 +190,7 @@ def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> Su
         session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     else:
         session = opbridge_ort.InferenceSession(model, options)
-    feeds = {name: t.numpy() for name, t in zip(spec.input_names, run_inputs, strict=True)}
+    feeds = {name: t.numpy() for name, t in zip(input_names, run_inputs, strict=True)}
     got = session.run(None, feeds)
     rtol, atol = spec.tolerances.get(cell.dtype, _TOLERANCES[cell.dtype])
     max_error = 0.0

@@ -51,6 +51,9 @@ class CustomNode:
     outputs: Sequence[str]
     types: Sequence[str]
     doc: str
+    optional_inputs: Sequence[str] = ()
+    #: (name, "int" | "ints" | "float" | "floats" | "string") of each (optional) attribute.
+    attributes: Sequence[tuple[str, str]] = ()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,14 @@ from onnx.defs import OpSchema
 
 from .. import specs
 
+_ATTRIBUTE_TYPES = {
+    "int": OpSchema.AttrType.INT,
+    "ints": OpSchema.AttrType.INTS,
+    "float": OpSchema.AttrType.FLOAT,
+    "floats": OpSchema.AttrType.FLOATS,
+    "string": OpSchema.AttrType.STRING,
+}
+
 
 def register_schemas() -> None:
     for spec in specs.all_specs():
@@ -23,7 +31,20 @@ def register_schemas() -> None:
                 specs.CUSTOM_DOMAIN,
                 specs.CUSTOM_DOMAIN_VERSION,
                 doc=node.doc,
-                inputs=[OpSchema.FormalParameter(name, "T") for name in node.inputs],
+                inputs=[
+                    OpSchema.FormalParameter(
+                        name,
+                        "T",
+                        param_option=OpSchema.FormalParameterOption.Optional
+                        if name in node.optional_inputs
+                        else OpSchema.FormalParameterOption.Single,
+                    )
+                    for name in node.inputs
+                ],
+                attributes=[
+                    OpSchema.Attribute(name, _ATTRIBUTE_TYPES[kind], "", required=False)
+                    for name, kind in node.attributes
+                ],
                 outputs=[OpSchema.FormalParameter(name, "T") for name in node.outputs],
                 type_constraints=[("T", list(node.types), "element types the opbridge ORT library implements")],
             )

@@ -76,6 +76,27 @@ class LegacyBuilder:
 
         return symbolic_helper._maybe_get_const(argument, kind)
 
+    def is_none(self, argument) -> bool:
+        from torch.onnx import symbolic_helper
+
+        return argument is None or symbolic_helper._is_none(argument)
+
+    def static_shape(self, value) -> list[int | None] | None:
+        """The sizes the exporter knows (None for dynamic dims), or None if not even the rank is known."""
+        value_type = value.type()
+        return value_type.varyingSizes() if isinstance(value_type, torch._C.TensorType) else None
+
+    def zeros(self, length: int, like):
+        """A 1-D zero tensor of ``length`` elements with the element type of ``like``."""
+        return self.g.op("Constant", value_t=torch.zeros(length, dtype=self.dtype(like)))
+
+    def iota(self, length):
+        """int64 [0, 1, ..., length - 1] for a scalar int64 ``length`` (Range, or NonZero below opset 11)."""
+        if self.opset >= 11:
+            return self.g.op("Range", self.constant(0), length, self.constant(1))
+        ones = self.g.op("ConstantOfShape", self.g.op("Reshape", length, self.constant([1])), value_t=torch.tensor([1]))
+        return self.g.op("Reshape", self.g.op("NonZero", ones), self.constant([-1]))
+
     def set_broadcast_type(self, out, a, b) -> None:
         """Gives a custom node's output the dtype of ``a`` and the broadcast shape of a and b.
 
@@ -126,6 +147,22 @@ class DynamoBuilder:
 
     def value(self, argument, kind: str = "i"):
         return argument
+
+    def is_none(self, argument) -> bool:
+        return argument is None
+
+    def static_shape(self, value) -> list[int | None] | None:
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            return None
+        return [d if isinstance(d, int) else None for d in shape]
+
+    def zeros(self, length: int, like):
+        shape = self._standard.Constant(value_ints=[length])
+        return self._standard.CastLike(self._standard.ConstantOfShape(shape), like)
+
+    def iota(self, length):
+        return self._standard.Range(self.constant(0), length, self.constant(1))
 
     def set_broadcast_type(self, out, a, b) -> None:
         """Types come from torch.export's fake tensors; nothing to do."""

@@ -1,0 +1,346 @@
+"""Deformable convolution: opbridge::deform_conv2d and torchvision::deform_conv2d.
+
+Both torch ops lower the same three ways:
+
+* ``standard``, opset >= 19: ONNX ``DeformConv`` (ONNX Runtime has a kernel from 1.25);
+* ``standard``, opset < 19: a decomposition into standard ops (bilinear sampling
+  with Gather, then a grouped MatMul) that keeps batch and spatial sizes dynamic,
+  for runtimes that can load no custom library;
+* ``custom``: one ``opbridge::DeformConv2d`` node with DeformConv's inputs and
+  attributes, run by opbridge's ORT library (any ORT >= 1.16, any opset).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import specs
+from ..specs import LoweringError
+
+
+@dataclass(frozen=True)
+class Attributes:
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    offset_groups: int
+    kernel: tuple[int, int]
+    out_channels: int
+    in_channels: int
+
+    def onnx(self) -> dict:
+        return {
+            "strides": list(self.stride),
+            "pads": [self.padding[0], self.padding[1], self.padding[0], self.padding[1]],
+            "dilations": list(self.dilation),
+            "group": self.groups,
+            "offset_group": self.offset_groups,
+            "kernel_shape": list(self.kernel),
+        }
+
+
+def _pair(value) -> list[int]:
+    return [int(value), int(value)] if isinstance(value, int) else [int(v) for v in value]
+
+
+def _static(b, value, what: str) -> list[int]:
+    shape = b.static_shape(value)
+    if shape is None or len(shape) != 4:
+        raise LoweringError(f"deform_conv2d export: {what} must be a 4-D tensor of known rank, got shape {shape}")
+    return shape
+
+
+def _attributes(b, x, weight, offset, stride, padding, dilation, groups=None, offset_groups=None) -> Attributes:
+    x_shape, w_shape, o_shape = _static(b, x, "input"), _static(b, weight, "weight"), _static(b, offset, "offset")
+    if None in w_shape or x_shape[1] is None or o_shape[1] is None:
+        raise LoweringError(
+            "deform_conv2d export: the channel counts of input and offset and the whole weight shape must be "
+            f"static; got input {x_shape}, weight {w_shape}, offset {o_shape}"
+        )
+    kernel = (w_shape[2], w_shape[3])
+    groups = groups if groups is not None else x_shape[1] // w_shape[1]
+    offset_groups = offset_groups if offset_groups is not None else o_shape[1] // (2 * kernel[0] * kernel[1])
+    return Attributes(
+        tuple(stride), tuple(padding), tuple(dilation), groups, offset_groups, kernel, w_shape[0], x_shape[1]
+    )
+
+
+def _out_sizes(b, x, a: Attributes) -> list[int | None]:
+    shape = b.static_shape(x)
+    sizes = [shape[0], a.out_channels]
+    for axis in (0, 1):
+        size = shape[2 + axis]
+        span = a.dilation[axis] * (a.kernel[axis] - 1) + 1
+        sizes.append(None if size is None else (size + 2 * a.padding[axis] - span) // a.stride[axis] + 1)
+    return sizes
+
+
+def _deform_conv_node(b, op_type, domain, x, weight, offset, bias, mask, a: Attributes):
+    inputs = [x, weight, offset]
+    if bias is None and mask is not None:
+        bias = b.zeros(a.out_channels, like=x)  # B precedes mask in DeformConv's inputs
+    if bias is not None:
+        inputs.append(bias)
+    if mask is not None:
+        inputs.append(mask)
+    out = b.op(op_type, *inputs, domain=domain, **a.onnx())
+    b.set_type(out, x, _out_sizes(b, x, a))
+    return out
+
+
+def _decomposed(b, x, weight, offset, bias, mask, a: Attributes):
+    """DeformConv from standard ops (opset >= 9), dynamic batch and spatial sizes.
+
+    Follows torchvision: the sample of channel c at kernel tap k=(i, j) for output
+    pixel p=(oy, ox) is bilinear(x[n, c], oy*sh - ph + i*dh + dy, ox*sw - pw + j*dw + dx),
+    zero outside the image, times the mask; then one MatMul per weight group.
+    """
+    kh, kw = a.kernel
+    taps, groups, offset_groups, channels = kh * kw, a.groups, a.offset_groups, a.in_channels
+    i64 = b.constant
+
+    def const(value):
+        return b.constant_like(value, x)
+
+    def dim(shape, index):  # a scalar int64 dim of a Shape output
+        return b.op("Gather", shape, i64(index), axis=0)
+
+    def as_float(value):
+        return b.op("CastLike", value, x) if b.opset >= 15 else b.op("Cast", value, to=_onnx_dtype(b, x))
+
+    x_shape, offset_shape = b.op("Shape", x), b.op("Shape", offset)
+    height, width = dim(x_shape, 2), dim(x_shape, 3)
+    out_w = dim(offset_shape, 3)
+    pixels = b.op("Mul", dim(offset_shape, 2), out_w)
+    position = b.iota(pixels)  # p = oy * W_out + ox
+    oy = b.op("Div", position, out_w)
+    ox = b.op("Sub", position, b.op("Mul", oy, out_w))
+    # Tap rows: base[k, p] = o * stride - pad + tap * dilation, k = i * kw + j.
+    tap_i = torch.tensor([k // kw for k in range(taps)], dtype=torch.float64).reshape(taps, 1)
+    tap_j = torch.tensor([k % kw for k in range(taps)], dtype=torch.float64).reshape(taps, 1)
+    base_y = b.op("Add", b.op("Mul", as_float(oy), const(float(a.stride[0]))),
+                  _float_column(b, x, tap_i * a.dilation[0] - a.padding[0]))  # fmt: skip
+    base_x = b.op("Add", b.op("Mul", as_float(ox), const(float(a.stride[1]))),
+                  _float_column(b, x, tap_j * a.dilation[1] - a.padding[1]))  # fmt: skip
+    # offset [N, 2*G*K, Ho, Wo] -> [N, G, K, 2, P]; dy, dx: [N, G, K, P]
+    offsets = b.op("Reshape", offset, i64([0, offset_groups, taps, 2, -1]))
+    y = b.op("Add", base_y, b.op("Gather", offsets, i64(0), axis=3))
+    xs = b.op("Add", base_x, b.op("Gather", offsets, i64(1), axis=3))
+    height_f, width_f = as_float(height), as_float(width)
+    y0, x0 = b.op("Floor", y), b.op("Floor", xs)
+    ly, lx = b.op("Sub", y, y0), b.op("Sub", xs, x0)
+    hy, hx = b.op("Sub", const(1.0), ly), b.op("Sub", const(1.0), lx)
+    inside = b.op(
+        "And",
+        b.op("And", b.op("Greater", y, const(-1.0)), b.op("Less", y, height_f)),
+        b.op("And", b.op("Greater", xs, const(-1.0)), b.op("Less", xs, width_f)),
+    )
+    y1, x1 = b.op("Add", y0, const(1.0)), b.op("Add", x0, const(1.0))
+    last_y, last_x = b.op("Sub", height_f, const(1.0)), b.op("Sub", width_f, const(1.0))
+    zero = const(0.0)
+
+    def valid(yy, xx):
+        y_ok = b.op("And", b.op("Not", b.op("Less", yy, zero)), b.op("Not", b.op("Greater", yy, last_y)))
+        x_ok = b.op("And", b.op("Not", b.op("Less", xx, zero)), b.op("Not", b.op("Greater", xx, last_x)))
+        return b.op("And", inside, b.op("And", y_ok, x_ok))
+
+    def clamp_index(value, last):  # int64 index clamped into [0, last]; invalid corners get weight 0
+        if b.exporter == "dynamo":  # its optimizer mis-folds Min/Max chains on static shapes; Clip is safe
+            clamped = b.op("Clip", value, zero, last)
+        else:
+            clamped = b.op("Max", b.op("Min", value, last), zero)
+        return b.op("Cast", clamped, to=7)  # INT64
+
+    # x [N, C, H, W] -> flat, and per (n, c) the start of its plane: [N, G, C/G, 1]
+    flat = b.op("Reshape", x, i64([-1]))
+    batch = dim(x_shape, 0)
+    plane = b.op("Mul", height, width)
+    plane_starts = b.op(
+        "Mul",
+        b.op(
+            "Reshape", b.iota(b.op("Mul", batch, i64(channels))), i64([-1, offset_groups, channels // offset_groups, 1])
+        ),
+        plane,
+    )
+    sampled = None
+    for yy, xx, weight_y, weight_x in ((y0, x0, hy, hx), (y0, x1, hy, lx), (y1, x0, ly, hx), (y1, x1, ly, lx)):
+        corner_weight = b.op("Mul", b.op("Mul", weight_y, weight_x), as_float(valid(yy, xx)))
+        index = b.op("Add", b.op("Mul", clamp_index(yy, last_y), width), clamp_index(xx, last_x))
+        # [N, G, K, P] -> [N, G, 1, K*P], then the global index of every (n, c, k, p)
+        index = b.op("Reshape", index, i64([0, offset_groups, 1, -1]))
+        values = b.op("Gather", flat, b.op("Add", plane_starts, index), axis=0)  # [N, G, C/G, K*P]
+        term = b.op("Mul", values, b.op("Reshape", corner_weight, i64([0, offset_groups, 1, -1])))
+        sampled = term if sampled is None else b.op("Add", sampled, term)
+    if mask is not None:  # [N, G*K, Ho, Wo] -> [N, G, 1, K*P]
+        sampled = b.op("Mul", sampled, b.op("Reshape", mask, i64([0, offset_groups, 1, -1])))
+    # columns [N, groups, C/groups*K, P] x weight [groups, Co/groups, C/groups*K]
+    columns = b.op("Reshape", sampled, i64([0, groups, channels // groups * taps, -1]))
+    kernel = b.op("Reshape", weight, i64([groups, a.out_channels // groups, channels // groups * taps]))
+    out = b.op("Reshape", b.op("MatMul", kernel, columns), i64([0, a.out_channels, -1]))
+    out_shape = b.op(
+        "Concat", b.op("Gather", offset_shape, i64([0]), axis=0), i64([a.out_channels]),
+        b.op("Gather", offset_shape, i64([2, 3]), axis=0), axis=0,
+    )  # fmt: skip
+    out = b.op("Reshape", out, out_shape)
+    if bias is not None:
+        out = b.op("Add", out, b.op("Reshape", bias, i64([1, a.out_channels, 1, 1])))
+    return out
+
+
+def _float_column(b, like, values: torch.Tensor):
+    """A constant [K, 1] of the element type of ``like``."""
+    if b.exporter == "legacy":
+        return b.g.op("Constant", value_t=values.to(b.dtype(like)))
+    column = b.op("Constant", value_floats=[float(v) for v in values.flatten()])  # small integers: exact in float
+    return b.op("CastLike", b.op("Reshape", column, b.constant([-1, 1])), like)
+
+
+def _onnx_dtype(b, like) -> int:
+    import onnx
+
+    return {torch.float32: onnx.TensorProto.FLOAT, torch.float64: onnx.TensorProto.DOUBLE}[b.dtype(like)]
+
+
+# --- the two torch ops' argument conventions, mapped onto one lowering -------------------------------------------
+
+
+def _opbridge_args(b, x, offset, weight, bias=None, stride=1, padding=0, dilation=1, mask=None):
+    # Defaults as in the schema: the dynamo exporter drops trailing arguments left at their defaults.
+    bias = None if b.is_none(bias) else bias
+    mask = None if b.is_none(mask) else mask
+    stride, padding, dilation = (_pair(b.value(v, "is")) for v in (stride, padding, dilation))
+    return x, weight, offset, bias, mask, _attributes(b, x, weight, offset, stride, padding, dilation)
+
+
+def _torchvision_args(b, x, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, groups, offset_groups, use_mask):
+    ints = [b.value(v, "i") for v in (sh, sw, ph, pw, dh, dw, groups, offset_groups)]
+    use_mask = bool(b.value(use_mask, "b"))
+    a = _attributes(b, x, weight, offset, ints[0:2], ints[2:4], ints[4:6], ints[6], ints[7])
+    return x, weight, offset, bias, (mask if use_mask else None), a
+
+
+def _lowerings(parse) -> list[specs.Lowering]:
+    def deform_conv(b, *args):
+        x, weight, offset, bias, mask, a = parse(b, *args)
+        return _deform_conv_node(b, "DeformConv", "", x, weight, offset, bias, mask, a)
+
+    def decomposed(b, *args):
+        x, weight, offset, bias, mask, a = parse(b, *args)
+        return _decomposed(b, x, weight, offset, bias, mask, a)
+
+    def custom(b, *args):
+        x, weight, offset, bias, mask, a = parse(b, *args)
+        return _deform_conv_node(b, "DeformConv2d", specs.CUSTOM_DOMAIN, x, weight, offset, bias, mask, a)
+
+    return [
+        specs.Lowering("standard", deform_conv, min_opset=19),
+        specs.Lowering("standard", decomposed, min_opset=9, max_opset=18),
+        specs.Lowering("custom", custom, min_opset=9),
+    ]
+
+
+# --- parity: the tutorial's model, a Conv2d predicting offsets (and a mask) for a deformable conv ------------------
+
+_CONFIG = {"in_channels": 4, "out_channels": 6, "kernel": 3, "groups": 2, "offset_groups": 2}
+
+
+class _DeformModel(torch.nn.Module):
+    def __init__(self, use_torchvision: bool) -> None:
+        super().__init__()
+        c, k, g = _CONFIG["in_channels"], _CONFIG["kernel"], _CONFIG["offset_groups"]
+        generator = torch.Generator().manual_seed(0)
+        self.weight = torch.nn.Parameter(
+            torch.randn(_CONFIG["out_channels"], c // _CONFIG["groups"], k, k, generator=generator)
+        )
+        self.bias = torch.nn.Parameter(torch.randn(_CONFIG["out_channels"], generator=generator))
+        self.use_torchvision = use_torchvision
+
+    def forward(self, x, offset, mask=None):
+        if self.use_torchvision:
+            import torchvision
+
+            return torchvision.ops.deform_conv2d(x, offset, self.weight, self.bias, padding=1, mask=mask)
+        from ..ops import deform_conv2d
+
+        return deform_conv2d(x, offset, self.weight, self.bias, padding=1, mask=mask)
+
+
+def _sample_inputs(dtype: torch.dtype, operands: str, batch: int):
+    generator = torch.Generator().manual_seed(batch)
+    c, k, g = _CONFIG["in_channels"], _CONFIG["kernel"], _CONFIG["offset_groups"]
+    height, width = 7, 9  # padding 1, 3x3: the output has the input's size
+    x = torch.randn(batch, c, height, width, generator=generator, dtype=torch.float64)
+    offset = 2 * torch.randn(batch, 2 * g * k * k, height, width, generator=generator, dtype=torch.float64)
+    inputs = [x.to(dtype), offset.to(dtype)]
+    if operands == "mask":
+        inputs.append(torch.rand(batch, g * k * k, height, width, generator=generator, dtype=torch.float64).to(dtype))
+    return tuple(inputs)
+
+
+def _known_gaps(cell) -> str | None:
+    if cell.lowering == "standard" and cell.opset >= 19:
+        import onnxruntime
+
+        version = tuple(int(v) for v in onnxruntime.__version__.split(".")[:2])
+        if version < (1, 25):
+            return f"ONNX Runtime {onnxruntime.__version__} has no DeformConv kernel (added in 1.25)"
+    return None
+
+
+def _torchvision_ops_load() -> bool:
+    try:
+        import torchvision  # noqa: F401
+
+        return hasattr(torch.ops.torchvision, "deform_conv2d")
+    except Exception:  # no torchvision, or its compiled ops do not load (e.g. on the CPU-only torch)
+        return False
+
+
+_COMMON = {
+    "dtypes": (torch.float32, torch.float64),
+    "operand_kinds": ("mask", "no_mask"),
+    "sample_inputs": _sample_inputs,
+    "input_names": ("x", "offset", "mask"),
+    "known_gaps": _known_gaps,
+    "custom_node": specs.CustomNode(
+        op_type="DeformConv2d",
+        inputs=("X", "W", "offset", "B", "mask"),
+        outputs=("Y",),
+        types=("tensor(float)", "tensor(double)"),
+        doc="ONNX DeformConv's semantics, inputs and attributes (B and mask optional).",
+        optional_inputs=("B", "mask"),
+        attributes=(
+            ("dilations", "ints"),
+            ("group", "int"),
+            ("kernel_shape", "ints"),
+            ("offset_group", "int"),
+            ("pads", "ints"),
+            ("strides", "ints"),
+        ),
+    ),
+}
+
+specs.register(
+    specs.OpSpec(
+        name="deform_conv2d",
+        torch_op="opbridge::deform_conv2d",
+        doc="deformable convolution (torchvision semantics)",
+        lowerings=_lowerings(_opbridge_args),
+        call_paths={"torch.ops": lambda: _DeformModel(use_torchvision=False)},
+        **_COMMON,
+    )
+)
+
+specs.register(
+    specs.OpSpec(
+        name="torchvision.deform_conv2d",
+        torch_op="torchvision::deform_conv2d",
+        doc="torchvision's deformable convolution",
+        lowerings=_lowerings(_torchvision_args),
+        call_paths={"torchvision": lambda: _DeformModel(use_torchvision=True)} if _torchvision_ops_load() else {},
+        **{**_COMMON, "custom_node": None},
+    )
+)
