@@ -250,7 +250,7 @@ _CONFIG = {"in_channels": 4, "out_channels": 6, "kernel": 3, "groups": 2, "offse
 class _DeformModel(torch.nn.Module):
     def __init__(self, use_torchvision: bool) -> None:
         super().__init__()
-        c, k, g = _CONFIG["in_channels"], _CONFIG["kernel"], _CONFIG["offset_groups"]
+        c, k = _CONFIG["in_channels"], _CONFIG["kernel"]
         generator = torch.Generator().manual_seed(0)
         self.weight = torch.nn.Parameter(
             torch.randn(_CONFIG["out_channels"], c // _CONFIG["groups"], k, k, generator=generator)
