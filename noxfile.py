@@ -26,6 +26,7 @@ TORCHVISION = "0.29.1"
 BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "cmake>=3.21", "ninja"]
 # 1.15 must be refused with a clear message; 1.16 is the oldest supported; None is the newest release.
 ORT_VERSIONS = ["1.15.1", "1.16.3", "1.20.1", "1.24.4", None]
+EXPORTED_MODELS = ROOT / "reports" / "exported-models"
 
 
 def install_opbridge(session: nox.Session, torch: str = TORCH, torchvision: str | None = TORCHVISION) -> None:
@@ -63,6 +64,8 @@ def parity(session: nox.Session) -> None:
     install_opbridge(session)
     (ROOT / "reports").mkdir(exist_ok=True)
     session.run("python", "-m", "opbridge", "parity", "--json", str(ROOT / "reports" / "parity.json"), *session.posargs)
+    # Real exported models for `nox -s ort_versions`, whose venvs have no torch.
+    session.run("python", str(ROOT / "tests" / "export_reference_models.py"), str(EXPORTED_MODELS))
 
 
 @nox.session(default=False)
@@ -73,7 +76,10 @@ def ort_versions(session: nox.Session, onnxruntime: str | None) -> None:
     session.install(*BUILD_REQUIREMENTS, "onnx", "numpy<2" if old else "numpy")
     session.install(f"onnxruntime=={onnxruntime}" if onnxruntime else "onnxruntime")
     library = build_ort_library_alone(session, ROOT / "build" / "nox-ort-alone")
-    session.run("python", str(ROOT / "tests" / "ort_smoke.py"), str(library))
+    models = ["--models", str(EXPORTED_MODELS)] if EXPORTED_MODELS.is_dir() else []
+    if not models:
+        session.warn("no exported models (run `nox -s parity` first to also run real exported models)")
+    session.run("python", str(ROOT / "tests" / "ort_smoke.py"), str(library), *models)
 
 
 @nox.session(default=True)

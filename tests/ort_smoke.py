@@ -1,10 +1,11 @@
 """Checks of the opbridge ORT custom-op library with nothing but onnxruntime,
 onnx and numpy: no torch, no pytest, no opbridge Python package.
 
-    python tests/ort_smoke.py path/to/libopbridge_ort.so
+    python tests/ort_smoke.py path/to/libopbridge_ort.so [--models DIR]
 
 Runs hand-built opbridge::MyAdd models against numpy, and malformed models and
-inputs that must fail with an error naming the op, never crash. Used by ctest
+inputs that must fail with an error naming the op, never crash; with --models, also
+the models tests/export_reference_models.py exported (with PyTorch's outputs). Used by ctest
 (a C++ developer's build), by `nox -s ort_versions` (old and newest ORT) and by
 the pytest suite. Prints one line per check and "N passed, N failed".
 """
@@ -337,14 +338,44 @@ def runtime_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def check_exported_models(library: str, directory: str) -> None:
+    """Models exported by tests/export_reference_models.py, against PyTorch's saved outputs."""
+    from pathlib import Path
+
+    models = sorted(Path(directory).glob("*.onnx"))
+    assert models, f"no exported models in {directory}"
+    for path in models:
+        data = np.load(path.with_suffix(".npz"))
+        expected = data["expected"]
+        try:
+            sess = session(library, path.read_bytes())
+        except Exception as error:
+            if "Unsupported model IR version" not in str(error):
+                raise
+            # Expected: e.g. ORT 1.16 reads IR <= 9, the dynamo exporter writes IR 10.
+            print(f"     {path.name}: n/a, this onnxruntime cannot read its IR version ({error})".splitlines()[0])
+            continue
+        (got,) = sess.run(None, {name: data[name] for name in data.files if name != "expected"})
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=path.name)
+        print(f"     {path.name}: max error {float(np.abs(got - expected).max()):.1e}")
+
+
 def main(argv: list[str]) -> int:
+    models = None
+    if len(argv) == 4 and argv[2] == "--models":
+        models = argv[3]
+        argv = argv[:2]
     if len(argv) != 2:
         print(__doc__)
         return 2
     library = argv[1]
     print(f"onnxruntime {ort.__version__}, onnx {onnx.__version__}, library {library}")
     passed = failed = 0
-    for check in CHECKS if runtime_version() >= (1, 16) else [check_old_runtime_is_refused]:
+    checks = CHECKS if runtime_version() >= (1, 16) else [check_old_runtime_is_refused]
+    if models and runtime_version() >= (1, 16):
+        checks = [*checks, lambda library: check_exported_models(library, models)]
+        checks[-1].__name__ = "check_exported_models"
+    for check in checks:
         try:
             check(library)
         except Exception:
