@@ -52,7 +52,9 @@ def main(out_dir: str) -> int:
                 model, inputs, out / f"{stem}.onnx", opset_version=opset, dynamo=dynamo, lowering="custom",
                 input_names=names,
             )  # fmt: skip
-            np.savez(out / f"{stem}.npz", expected=expected, **{n: t.numpy() for n, t in zip(names, inputs, strict=True)})
+            np.savez(
+                out / f"{stem}.npz", expected=expected, **{n: t.numpy() for n, t in zip(names, inputs, strict=True)}
+            )
             print(f"exported {stem}")
     return 0
 
