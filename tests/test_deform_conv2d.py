@@ -181,3 +181,31 @@ def test_standard_deformconv_model_runs_on_ort_with_the_kernel():
     else:
         with pytest.raises(Exception, match="DeformConv"):
             onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.skipif(
+    tuple(int(v) for v in onnxruntime.__version__.split(".")[:2]) < (1, 25),
+    reason="this onnxruntime has no DeformConv kernel (added in 1.25) to compare with",
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c[:5])) + f"-k{c[5]}")
+def test_custom_kernel_matches_ort_deformconv(config, dtype):
+    """opbridge::DeformConv2d against ONNX Runtime's own DeformConv on the same inputs and attributes."""
+    x, offset, weight, bias, stride, padding, dilation, mask, _, _ = _inputs(config, dtype)
+
+    class Model(torch.nn.Module):
+        def forward(self, x, offset, weight, *rest):
+            bias_, mask_ = (rest[0] if bias is not None else None), (rest[-1] if mask is not None else None)
+            return opbridge.deform_conv2d(x, offset, weight, bias_, stride, padding, dilation, mask_)
+
+    inputs = (x, offset, weight, *([bias] if bias is not None else []), *([mask] if mask is not None else []))
+    names = ["x", "offset", "weight", "bias", "mask"][:3] + (["bias"] if bias is not None else [])
+    names += ["mask"] if mask is not None else []
+    feeds = {n: t.numpy() for n, t in zip(names, inputs, strict=True)}
+    outputs = []
+    for lowering in ("standard", "custom"):
+        proto = opbridge.onnx.export(
+            Model().eval(), inputs, None, opset_version=19, dynamo=False, lowering=lowering, input_names=names
+        )
+        outputs.append(opbridge_ort.InferenceSession(proto).run(None, feeds)[0])
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=TOLERANCE[dtype] * 10, atol=TOLERANCE[dtype] * 10)
