@@ -52,13 +52,14 @@ def _schema_function_body(domain: str, op_type: str, opset: int) -> bool:
     return bool(schema.has_function or schema.has_context_dependent_function)
 
 
-def _nodes(graph):
+def iter_nodes(graph):
+    """Every node of ``graph``, including those of its subgraphs (If, Loop, Scan bodies)."""
     for node in graph.node:
         yield node
         for attribute in node.attribute:
             for subgraph in [attribute.g, *attribute.graphs]:
                 if subgraph.node:
-                    yield from _nodes(subgraph)
+                    yield from iter_nodes(subgraph)
 
 
 def inspect_model(model) -> tuple[dict[str, int], list[OpReport]]:
@@ -67,7 +68,7 @@ def inspect_model(model) -> tuple[dict[str, int], list[OpReport]]:
     local_functions = {(f.domain, f.name) for f in model.functions}
     kernels = _kernels()
     counts = collections.Counter(
-        ("" if n.domain in STANDARD_DOMAINS else n.domain, n.op_type) for n in _nodes(model.graph)
+        ("" if n.domain in STANDARD_DOMAINS else n.domain, n.op_type) for n in iter_nodes(model.graph)
     )
     for function in model.functions:
         counts.update(("" if n.domain in STANDARD_DOMAINS else n.domain, n.op_type) for n in function.node)

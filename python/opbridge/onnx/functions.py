@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import onnx
 from onnx.defs import OpSchema
 
+from opbridge_ort.inspect import iter_nodes
+
 from .. import specs
 
 
@@ -89,7 +91,7 @@ def function_proto(name: str, opset: int) -> onnx.FunctionProto:
 
 def attach(model: onnx.ModelProto) -> onnx.ModelProto:
     """Adds the definitions of the opbridge functions that ``model``'s nodes call (in place)."""
-    called = {n.op_type for n in _all_nodes(model.graph) if n.domain == specs.FUNCTION_DOMAIN}
+    called = {n.op_type for n in iter_nodes(model.graph) if n.domain == specs.FUNCTION_DOMAIN}
     if not called:
         return model
     opsets = {entry.domain: entry.version for entry in model.opset_import}
@@ -103,15 +105,6 @@ def attach(model: onnx.ModelProto) -> onnx.ModelProto:
     if specs.FUNCTION_DOMAIN not in opsets:
         model.opset_import.append(onnx.helper.make_opsetid(specs.FUNCTION_DOMAIN, 1))
     return model
-
-
-def _all_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            for subgraph in [attribute.g, *attribute.graphs]:
-                if subgraph.node:
-                    yield from _all_nodes(subgraph)
 
 
 def call(name: str, *, set_type: Callable | None = None) -> Callable:
