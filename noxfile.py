@@ -4,6 +4,9 @@
     nox -s parity         the main job: the export/ORT parity matrix on the default versions
     nox -s ort_versions   the ORT library alone (no torch) against an old, a middle and the newest ORT
     nox -s lint           ruff and clang-format
+    nox -t matrix         the release matrix: a wheel per torch version and the runtime wheel (`wheels`),
+                          parity of the installed wheels across torch x ORT (`matrix`), the torch-free
+                          runtime wheel (`runtime`), then docs/compatibility.md (`report`)
 
 Sessions share helpers; versions are parameters. Each session keeps its own
 virtualenv and CMake build directory, so re-runs are incremental.
@@ -11,6 +14,7 @@ virtualenv and CMake build directory, so re-runs are incremental.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import nox
@@ -24,6 +28,14 @@ ROOT = Path(__file__).parent
 TORCH = "2.14.1"
 TORCHVISION = "0.29.1"
 BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "cmake>=3.21", "ninja"]
+# Supported torch versions and the torchvision whose compiled ops load with each (None: no such release,
+# or, for 2.13.0, the CPU-only build here, with which torchvision's ops do not load).
+TORCH_MATRIX = {"2.6.0": "0.21.0", "2.9.1": "0.24.1", "2.13.0": None, "2.14.1": "0.29.1", "2.15.0": None}
+# The ORT axis runs on the default torch; every torch runs on the newest ORT.
+MATRIX_ORT = ["1.16.3", "1.20.1", "1.24.4", "newest"]
+MATRIX_RUNS = [(t, "newest") for t in TORCH_MATRIX] + [(TORCH, o) for o in MATRIX_ORT if o != "newest"]
+DIST = ROOT / "dist"
+MATRIX_REPORTS = ROOT / "reports" / "matrix"
 # 1.15 must be refused with a clear message; 1.16 is the oldest supported; None is the newest release.
 ORT_VERSIONS = ["1.15.1", "1.16.3", "1.20.1", "1.24.4", None]
 EXPORTED_MODELS = ROOT / "reports" / "exported-models"
@@ -90,3 +102,66 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
     sources = sorted(str(p) for p in (ROOT / "cpp").rglob("*") if p.suffix in {".h", ".cc", ".cpp"})
     session.run("clang-format", "--dry-run", "--Werror", *sources)
+
+
+def _ort_requirements(onnxruntime: str) -> list[str]:
+    old = onnxruntime != "newest" and tuple(map(int, onnxruntime.split(".")[:2])) < (1, 19)
+    return ["onnxruntime" if onnxruntime == "newest" else f"onnxruntime=={onnxruntime}"] + (["numpy<2"] if old else [])
+
+
+@nox.session(default=False, tags=["matrix"])
+@nox.parametrize("torch", list(TORCH_MATRIX))
+def wheels(session: nox.Session, torch: str) -> None:
+    """One opbridge wheel per torch version into dist/ (pinned to it), and the torch-free runtime wheel."""
+    session.install(f"torch=={torch}", *BUILD_REQUIREMENTS)
+    DIST.mkdir(exist_ok=True)
+    for stale in DIST.glob(f"opbridge-*+torch{torch}-*.whl"):
+        stale.unlink()
+    build_dir = ROOT / "build" / f"wheel-torch{torch}"
+    session.run(
+        "pip", "wheel", "--no-build-isolation", "--no-deps", f"--config-settings=build-dir={build_dir}",
+        "-w", str(DIST), str(ROOT),
+    )  # fmt: skip
+    if not list(DIST.glob("opbridge_ort-*.whl")):
+        session.run("pip", "wheel", "--no-deps", "-w", str(DIST), str(ROOT / "python" / "runtime"))
+
+
+@nox.session(default=False, tags=["matrix"])
+@nox.parametrize(("torch", "onnxruntime"), MATRIX_RUNS, ids=[f"torch{t}-ort{o}" for t, o in MATRIX_RUNS])
+def matrix(session: nox.Session, torch: str, onnxruntime: str) -> None:
+    """Parity of the built wheel (what users install) under one torch x ORT pair."""
+    wheel = sorted(DIST.glob(f"opbridge-*+torch{torch}-*.whl"))
+    if not wheel:
+        session.error(f"no opbridge wheel for torch {torch} in dist/: run `nox -s 'wheels(torch='{torch}')'` first")
+    torchvision = TORCH_MATRIX[torch]
+    session.install(f"torch=={torch}", *([f"torchvision=={torchvision}"] if torchvision else []))
+    session.install(*_ort_requirements(onnxruntime))
+    session.install(str(wheel[-1]))  # with its dependencies; torch and ORT already satisfy theirs
+    session.install("--force-reinstall", "--no-deps", str(wheel[-1]))  # a rebuilt wheel keeps its version
+    MATRIX_REPORTS.mkdir(parents=True, exist_ok=True)
+    report = MATRIX_REPORTS / f"torch{torch}-ort{onnxruntime}.json"
+    # Run outside the source tree so that the installed wheel, not python/, is imported.
+    session.chdir(ROOT / "reports")
+    session.run("python", "-m", "opbridge", "parity", "--quick", "--json", str(report), *session.posargs,
+                success_codes=[0, 1])  # fmt: skip
+
+
+@nox.session(default=False, tags=["matrix"])
+def runtime(session: nox.Session) -> None:
+    """The runtime wheel in a venv without torch: it installs, finds its library and runs custom-op models."""
+    wheel = sorted(DIST.glob("opbridge_ort-*.whl"))
+    if not wheel:
+        session.error("no opbridge_ort wheel in dist/: run `nox -s wheels` first")
+    session.install(str(wheel[-1]), "onnx", "numpy")
+    session.chdir(ROOT / "reports")
+    session.run("python", "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)")
+    library = session.run("python", "-c", "import opbridge_ort; print(opbridge_ort.library_path())", silent=True)
+    models = ["--models", str(EXPORTED_MODELS)] if EXPORTED_MODELS.is_dir() else []
+    session.run("python", str(ROOT / "tests" / "ort_smoke.py"), library.strip(), *models)
+
+
+@nox.session(default=False, tags=["matrix"], venv_backend="none")
+def report(session: nox.Session) -> None:
+    """docs/compatibility.md from the matrix's JSON reports; fails on any unexpected failure."""
+    session.run(sys.executable, str(ROOT / "python" / "opbridge" / "compatibility.py"), str(MATRIX_REPORTS),
+                str(ROOT / "docs" / "compatibility.md"))  # fmt: skip

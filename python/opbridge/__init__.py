@@ -24,5 +24,10 @@ onnx._register()
 
 import opbridge_ort as ort  # noqa: E402
 
-__version__ = "0.1.0"
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("opbridge")
+except Exception:  # not installed as a distribution
+    __version__ = "0.1.0"
 __all__ = ["MyAddFunction", "deform_conv2d", "my_add", "nn", "onnx", "ops", "ort"]

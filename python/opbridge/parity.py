@@ -223,10 +223,26 @@ def run_cell(cell: Cell) -> CellResult:
                 )
     errors = [s.max_error for s in subresults if s.max_error is not None]
     status = "pass" if all(s.passed for s in subresults) else "fail"
-    reason = (spec.known_gaps(cell) if spec.known_gaps else None) or ""
+    reason = (spec.known_gaps(cell) if spec.known_gaps else None) or _environment_gap(subresults)
     if status == "fail" and reason:
         status = "n/a"
     return CellResult(cell, status, max(errors) if errors else None, time.perf_counter() - start, subresults, reason)
+
+
+# Failures that come from the runtime's or exporter's version, not from opbridge: recognised by their
+# message, reported as n/a with this reason.
+_ENVIRONMENT_GAPS = {
+    "Unsupported model IR version": "this ONNX Runtime cannot read the IR version the exporter writes "
+    "(e.g. ORT 1.16 reads IR <= 9; torch's dynamo exporter writes IR 10)",
+}
+
+
+def _environment_gap(subresults: Sequence[SubResult]) -> str:
+    failed = [s for s in subresults if not s.passed]
+    for fragment, reason in _ENVIRONMENT_GAPS.items():
+        if failed and all(fragment in s.detail for s in failed):
+            return reason
+    return ""
 
 
 def _worker_init() -> None:
@@ -294,6 +310,20 @@ def summary(results: Sequence[CellResult], seconds: float) -> str:
     )
 
 
+def environment() -> dict[str, str]:
+    """Versions of everything the matrix depends on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for package in ("opbridge", "torch", "torchvision", "onnxruntime", "onnx", "onnxscript", "numpy"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = "-"
+    versions["python"] = sys.version.split()[0]
+    return versions
+
+
 def to_json(results: Sequence[CellResult]) -> list[dict]:
     return [
         {
@@ -318,13 +348,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--opsets", nargs="+", type=int, help="opsets to run (default: all each exporter supports)")
     parser.add_argument("--dtypes", nargs="+", help="dtypes to run, e.g. float32 (default: all the op supports)")
     parser.add_argument("--paths", nargs="+", help="call paths to run, e.g. pybind (default: all)")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="representative opsets only (legacy: 9, 13, 17 and its newest; dynamo: 18 and its newest)",
+    )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     parser.add_argument("--json", help="write the results to this JSON file")
     args = parser.parse_args(argv)
 
     import opbridge  # noqa: F401  the specs register on import
 
-    selected = cells(args.ops, args.exporters, args.lowerings, args.opsets, args.dtypes, args.paths)
+    opsets = args.opsets
+    if args.quick and opsets is None:
+        opsets = {9, 13, 17, 18, matrix_opsets("legacy")[-1], matrix_opsets("dynamo")[-1]} - {
+            o for o in (13, 17) if o not in matrix_opsets("legacy")
+        }
+    selected = cells(args.ops, args.exporters, args.lowerings, opsets, args.dtypes, args.paths)
     if not selected:
         print("parity: no cell matches the selection", file=sys.stderr)
         return 2
@@ -339,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("  " + "  ".join(_row(r)[:6]) + f": {r.detail}")
     print("\n" + summary(results, seconds))
     if args.json:
+        document = {"summary": summary(results, seconds), "environment": environment(), "cells": to_json(results)}
         with open(args.json, "w") as stream:
-            json.dump({"summary": summary(results, seconds), "cells": to_json(results)}, stream, indent=1)
+            json.dump(document, stream, indent=1)
     return 1 if failures else 0
