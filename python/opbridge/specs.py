@@ -114,6 +114,12 @@ class OpSpec:
         return min(lows), (None if None in highs else max(highs))
 
 
+def torch_version() -> tuple[int, int]:
+    """(major, minor) of the installed torch, for gaps that depend on it."""
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 class LoweringError(RuntimeError):
     """An op cannot be expressed in ONNX with the requested lowering and opset."""
 

@@ -40,7 +40,11 @@ def translation_table(lowering: str = "standard", opset_version: int = MIN_OPSET
     table = {}
     for spec in specs.all_specs():
         try:
-            table[spec.overload] = dynamo_translation(spec.lowering(lowering, opset_version).build, opset_version)
+            overload = spec.overload
+        except (AttributeError, RuntimeError):  # e.g. torchvision's ops where torchvision is absent
+            continue
+        try:
+            table[overload] = dynamo_translation(spec.lowering(lowering, opset_version).build, opset_version)
         except specs.LoweringError as error:
-            table[spec.overload] = _unsupported(error)
+            table[overload] = _unsupported(error)
     return table
