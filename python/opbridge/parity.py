@@ -234,6 +234,7 @@ def run_cell(cell: Cell) -> CellResult:
 _ENVIRONMENT_GAPS = {
     "Unsupported model IR version": "this ONNX Runtime cannot read the IR version the exporter writes "
     "(e.g. ORT 1.16 reads IR <= 9; torch's dynamo exporter writes IR 10)",
+    "ValidateOpsetForDomain": "this ONNX Runtime predates the model's opset (e.g. ORT 1.20 knows opsets <= 21)",
 }
 
 
