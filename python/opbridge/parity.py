@@ -219,7 +219,7 @@ def run_cell(cell: Cell) -> CellResult:
             except Exception as error:  # a failed export or run is a failed cell, with its reason
                 first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
                 subresults.append(
-                    SubResult(operands, batch, False, None, f"{type(error).__name__}: {first_line[:300]}")
+                    SubResult(operands, batch, False, None, f"{type(error).__name__}: {first_line[:1000]}")
                 )
     errors = [s.max_error for s in subresults if s.max_error is not None]
     status = "pass" if all(s.passed for s in subresults) else "fail"
