@@ -4,6 +4,8 @@
     nox -s parity         the main job: the export/ORT parity matrix on the default versions
     nox -s ort_versions   the ORT library alone (no torch) against an old, a middle and the newest ORT
     nox -s lint           ruff and clang-format
+    nox -s bench          opbridge's kernels against their baselines (ORT's ops, torch eager, torchvision,
+                          the memory-bandwidth and GEMM bounds): docs/benchmarks.md
     nox -t matrix         the release matrix: a wheel per torch version and the runtime wheel (`wheels`),
                           parity of the installed wheels across torch x ORT (`matrix`), the torch-free
                           runtime wheel (`runtime`), then docs/compatibility.md (`report`)
@@ -27,7 +29,8 @@ ROOT = Path(__file__).parent
 # The default versions (see docs/architecture.md): torch's build with working torchvision ops.
 TORCH = "2.14.1"
 TORCHVISION = "0.29.1"
-BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "cmake>=3.21", "ninja"]
+# scipy-openblas32: the GEMM of the ORT library (cpp/ort/gemm.h), found through the build's Python.
+BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "cmake>=3.21", "ninja", "scipy-openblas32"]
 # Supported torch versions and the torchvision whose compiled ops load with each (None: no such release,
 # or, for 2.13.0, the CPU-only build here, with which torchvision's ops do not load).
 TORCH_MATRIX = {"2.6.0": "0.21.0", "2.9.1": "0.24.1", "2.13.0": None, "2.14.1": "0.29.1", "2.15.0": None}
@@ -92,6 +95,25 @@ def ort_versions(session: nox.Session, onnxruntime: str | None) -> None:
     if not models:
         session.warn("no exported models (run `nox -s parity` first to also run real exported models)")
     session.run("python", str(ROOT / "tests" / "ort_smoke.py"), str(library), *models)
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks against baselines measured in the same run: reports/bench.json and docs/benchmarks.md."""
+    install_opbridge(session)
+    build_dir = ROOT / "build" / "nox-bench"
+    session.run(
+        "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+        "-DOPBRIDGE_BUILD_TORCH=OFF", "-DOPBRIDGE_BUILD_ORT=OFF", "-DOPBRIDGE_BUILD_TESTS=OFF",
+        "-DOPBRIDGE_BUILD_BENCH=ON",
+    )  # fmt: skip
+    session.run("cmake", "--build", str(build_dir))
+    triad = build_dir / "cpp" / "bench" / "libopbridge_bench.so"
+    session.run(
+        "python", "-m", "opbridge", "bench", "--triad-library", str(triad),
+        "--json", str(ROOT / "reports" / "bench.json"), "--markdown", str(ROOT / "docs" / "benchmarks.md"),
+        *session.posargs,
+    )  # fmt: skip
 
 
 @nox.session(default=True)

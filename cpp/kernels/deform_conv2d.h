@@ -2,12 +2,13 @@
 // the one implementation behind torch.ops.opbridge.deform_conv2d and ORT's
 // opbridge::DeformConv2d.
 //
-// For each image: a deformable im2col gathers, for every input channel c and
+// A deformable im2col gathers, for every output pixel, input channel c and
 // kernel tap k, the input bilinearly sampled at the tap's position plus its
 // learned offset (times the mask, when given) into a column matrix
-// [C_in * K, H_out * W_out]; each weight group then is one GEMM against its
-// rows of that matrix. The GEMM is a parameter: each front end passes the best
-// it has (torch's matmul; a BLAS or the reference loop below for ORT).
+// [pixels, C_in * K]; each weight group then is one GEMM against its part of
+// that matrix. Both run per block of output pixels, so the columns of a block
+// stay in cache between the two. The GEMM is a parameter: each front end passes
+// the best it has (torch's BLAS; OpenBLAS or the reference loop below for ORT).
 #pragma once
 
 #include <algorithm>
@@ -157,98 +158,160 @@ inline Status check_deform_conv2d(const DeformConv2dNames& names, const std::vec
   return {};
 }
 
-// Bilinear sample of one channel at (y, x); zero outside, as torchvision.
-template <class T>
-inline T bilinear(const T* channel, int64_t height, int64_t width, T y, T x) {
-  if (!(y > T(-1) && y < T(height) && x > T(-1) && x < T(width))) return T(0);  // also rejects NaN
-  const int64_t y_low = static_cast<int64_t>(std::floor(y)), x_low = static_cast<int64_t>(std::floor(x));
-  const int64_t y_high = y_low + 1, x_high = x_low + 1;
-  const T ly = y - T(y_low), lx = x - T(x_low), hy = T(1) - ly, hx = T(1) - lx;
-  const T v1 = (y_low >= 0 && x_low >= 0) ? channel[y_low * width + x_low] : T(0);
-  const T v2 = (y_low >= 0 && x_high <= width - 1) ? channel[y_low * width + x_high] : T(0);
-  const T v3 = (y_high <= height - 1 && x_low >= 0) ? channel[y_high * width + x_low] : T(0);
-  const T v4 = (y_high <= height - 1 && x_high <= width - 1) ? channel[y_high * width + x_high] : T(0);
-  return hy * hx * v1 + hy * lx * v2 + ly * hx * v3 + ly * lx * v4;
-}
+// The weighted sum of four neighbour rows, out[c] = ((w0 r0[c] + w1 r1[c]) +
+// w2 r2[c]) + w3 r3[c], times `scale` when `scaled` (the mask): the inner loop of
+// the sampling, contiguous over channels, cloned for AVX-512/AVX2 and chosen at
+// run time. Same operations in the same order in every clone (no fused
+// multiply-adds, see the build flags): results do not depend on the CPU.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define OPBRIDGE_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define OPBRIDGE_VECTOR_CLONES
+#endif
 
-// columns[(c * K + k) * HW + p] for one image: the sampled input of channel c at
-// kernel tap k for output pixel p. Rows are independent: parallel over them.
-template <class T, class ParallelFor>
-void deformable_im2col(const T* input, const T* offset, const T* mask, T* columns, const DeformConv2dShape& s,
-                       ParallelFor&& parallel_for) {
-  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
-  const int64_t channels_per_offset_group = s.in_channels / s.offset_groups;
-  parallel_for(s.in_channels, [&](int64_t c) {
-    const int64_t group = c / channels_per_offset_group;
-    const T* channel = input + c * s.height * s.width;
-    const T* group_offset = offset + group * 2 * taps * pixels;
-    const T* group_mask = mask != nullptr ? mask + group * taps * pixels : nullptr;
-    for (int64_t i = 0; i < s.kernel_h; ++i) {
-      for (int64_t j = 0; j < s.kernel_w; ++j) {
-        const int64_t tap = i * s.kernel_w + j;
-        const T* dy = group_offset + 2 * tap * pixels;
-        const T* dx = dy + pixels;
-        T* row = columns + (c * taps + tap) * pixels;
-        for (int64_t oy = 0; oy < s.out_h; ++oy) {
-          const T base_y = T(oy * s.stride_h - s.pad_top + i * s.dilation_h);
-          for (int64_t ox = 0; ox < s.out_w; ++ox) {
-            const int64_t p = oy * s.out_w + ox;
-            const T base_x = T(ox * s.stride_w - s.pad_left + j * s.dilation_w);
-            T value = bilinear(channel, s.height, s.width, base_y + dy[p], base_x + dx[p]);
-            if (group_mask != nullptr) value *= group_mask[tap * pixels + p];
-            row[p] = value;
-          }
+#define OPBRIDGE_DEFINE_BLEND4(T)                                                                             \
+  [[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4(                                                 \
+      T* __restrict out, const T* __restrict r0, const T* __restrict r1, const T* __restrict r2,              \
+      const T* __restrict r3, T w0, T w1, T w2, T w3, bool scaled, T scale, int64_t n) {                      \
+    if (scaled) {                                                                                             \
+      for (int64_t c = 0; c < n; ++c) out[c] = (w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c]) * scale;   \
+    } else {                                                                                                  \
+      for (int64_t c = 0; c < n; ++c) out[c] = w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c];             \
+    }                                                                                                         \
+  }
+OPBRIDGE_DEFINE_BLEND4(float)
+OPBRIDGE_DEFINE_BLEND4(double)
+#undef OPBRIDGE_DEFINE_BLEND4
+
+// Deformable im2col of output pixels [first, first + count) of one image,
+// pixel-major: columns[q * ld + (g * K + k) * C_g + ci] is input channel
+// g * C_g + ci (weight group g, C_g channels per group) sampled at kernel tap k
+// for pixel first + q, times the mask when given. `input_hwc` is the image
+// channels-last ([H * W, C_in]) so that the four bilinear neighbours of a
+// position are four contiguous rows of channels; `zeros` is C_in zeros, the row
+// of a neighbour outside the image (which counts as zero, as in torchvision).
+// The position and weights are computed once per pixel, tap and offset group,
+// and shared by the group's channels.
+template <class T>
+void deformable_im2col_block(const T* input_hwc, const T* zeros, const T* offset, const T* mask,
+                             const DeformConv2dShape& s, int64_t first, int64_t count, T* columns, int64_t ld) {
+  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, channels = s.in_channels;
+  const int64_t per_offset_group = channels / s.offset_groups, per_group = channels / s.groups;
+  for (int64_t q = 0; q < count; ++q) {
+    const int64_t p = first + q, oy = p / s.out_w, ox = p % s.out_w;
+    T* column = columns + q * ld;
+    for (int64_t og = 0; og < s.offset_groups; ++og) {
+      for (int64_t tap = 0; tap < taps; ++tap) {
+        const int64_t i = tap / s.kernel_w, j = tap % s.kernel_w;
+        const T* dy = offset + (og * taps + tap) * 2 * pixels;
+        const T y = T(oy * s.stride_h - s.pad_top + i * s.dilation_h) + dy[p];
+        const T x = T(ox * s.stride_w - s.pad_left + j * s.dilation_w) + dy[pixels + p];
+        const T* rows[4] = {zeros, zeros, zeros, zeros};
+        T w[4] = {T(0), T(0), T(0), T(0)};
+        if (y > T(-1) && y < T(s.height) && x > T(-1) && x < T(s.width)) {  // also rejects NaN
+          const int64_t y_low = static_cast<int64_t>(std::floor(y)), x_low = static_cast<int64_t>(std::floor(x));
+          const T ly = y - T(y_low), lx = x - T(x_low), hy = T(1) - ly, hx = T(1) - lx;
+          w[0] = hy * hx, w[1] = hy * lx, w[2] = ly * hx, w[3] = ly * lx;
+          const bool top = y_low >= 0, bottom = y_low + 1 < s.height, left = x_low >= 0, right = x_low + 1 < s.width;
+          const T* base = input_hwc + (y_low * s.width + x_low) * channels;  // only formed rows are read
+          if (top && left) rows[0] = base;
+          if (top && right) rows[1] = base + channels;
+          if (bottom && left) rows[2] = base + s.width * channels;
+          if (bottom && right) rows[3] = base + (s.width + 1) * channels;
+        }
+        const bool scaled = mask != nullptr;
+        const T scale = scaled ? mask[(og * taps + tap) * pixels + p] : T(1);
+        // This offset group's channels, split where a weight group ends.
+        for (int64_t c = og * per_offset_group, end = c + per_offset_group; c < end;) {
+          const int64_t g = c / per_group, stop = std::min(end, (g + 1) * per_group);
+          T* out = column + (g * taps + tap) * per_group + (c - g * per_group);
+          blend4(out, rows[0] + c, rows[1] + c, rows[2] + c, rows[3] + c, w[0], w[1], w[2], w[3], scaled, scale,
+                 stop - c);
+          c = stop;
         }
       }
     }
-  });
+  }
 }
 
-// C[M, N] = A[M, K] * B[K, N], row-major, parallel over rows of C: the portable
-// GEMM for front ends without a better one. The k-outer, j-inner order keeps
-// the innermost loop a contiguous axpy the compiler vectorizes.
-template <class T, class ParallelFor>
-void gemm_reference(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, ParallelFor&& parallel_for) {
-  constexpr int64_t kRowsPerTask = 4;
-  parallel_for((m + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
-    for (int64_t row = task * kRowsPerTask; row < std::min(m, (task + 1) * kRowsPerTask); ++row) {
-      T* __restrict out = c + row * n;
-      std::fill(out, out + n, T(0));
-      for (int64_t p = 0; p < k; ++p) {
-        const T scale = a[row * k + p];
-        const T* __restrict source = b + p * n;
-        for (int64_t col = 0; col < n; ++col) out[col] += scale * source[col];
-      }
+// C[M, N] = A[M, K] * B[N, K]^T, row-major with leading dimensions: the portable
+// single-threaded GEMM for front ends without a better one.
+template <class T>
+void gemm_reference(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c,
+                    int64_t ldc) {
+  for (int64_t row = 0; row < m; ++row) {
+    for (int64_t col = 0; col < n; ++col) {
+      const T* __restrict x = a + row * lda;
+      const T* __restrict y = b + col * ldb;
+      T sum = T(0);
+      for (int64_t p = 0; p < k; ++p) sum += x[p] * y[p];
+      c[row * ldc + col] = sum;
     }
-  });
+  }
+}
+
+// Output pixels per task: the block's sampled columns (C_in * kh * kw values per
+// pixel) stay within a few MiB, so im2col and the GEMM that reads them share the cache.
+inline int64_t deform_conv2d_block_pixels(const DeformConv2dShape& s, size_t element_size) {
+  const int64_t depth = s.in_channels * s.kernel_h * s.kernel_w;
+  const int64_t budget = int64_t(4) << 20;  // bytes of columns per task
+  int64_t block = budget / std::max<int64_t>(1, depth * static_cast<int64_t>(element_size));
+  block = std::clamp<int64_t>(block / 16 * 16, 16, 512);
+  return std::min(block, s.out_h * s.out_w);
 }
 
 // out [N, C_out, H_out, W_out] from input [N, C_in, H, W], weight
 // [C_out, C_in / groups, kh, kw], offset, optional mask and bias (nullptr when
-// absent). `columns` holds C_in * kh * kw * H_out * W_out elements.
-// gemm(m, n, k, a, b, c) computes c = a * b (row-major).
+// absent), for a shape that passed check_deform_conv2d.
+//
+// The input is first laid out channels-last and the weight as [C_out, kh * kw,
+// C_in / groups], to match the columns. Then the work is split into tasks of
+// (image, block of output pixels); each task samples its block's columns into a
+// buffer of its own and multiplies every weight group by them:
+// gemm(m, n, k, a, lda, b, ldb, c, ldc) computes c = a * b^T (row-major,
+// leading dimensions given; b is [n, k]) on the calling thread.
 template <class T, class ParallelFor, class Gemm>
-void deform_conv2d(const T* input, const T* weight, const T* offset, const T* mask, const T* bias, T* out, T* columns,
+void deform_conv2d(const T* input, const T* weight, const T* offset, const T* mask, const T* bias, T* out,
                    const DeformConv2dShape& s, ParallelFor&& parallel_for, Gemm&& gemm) {
-  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
-  const int64_t out_per_group = s.out_channels / s.groups;
-  const int64_t depth = s.in_channels / s.groups * taps;  // GEMM inner dimension per group
-  for (int64_t image = 0; image < s.batch; ++image) {
-    deformable_im2col(
-        input + image * s.in_channels * s.height * s.width, offset + image * 2 * s.offset_groups * taps * pixels,
-        mask != nullptr ? mask + image * s.offset_groups * taps * pixels : nullptr, columns, s, parallel_for);
-    T* image_out = out + image * s.out_channels * pixels;
-    for (int64_t group = 0; group < s.groups; ++group) {
-      gemm(out_per_group, pixels, depth, weight + group * out_per_group * depth, columns + group * depth * pixels,
-           image_out + group * out_per_group * pixels);
-    }
-    if (bias != nullptr) {
-      parallel_for(s.out_channels, [&](int64_t channel) {
-        T* plane = image_out + channel * pixels;
-        for (int64_t p = 0; p < pixels; ++p) plane[p] += bias[channel];
-      });
+  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, plane = s.height * s.width;
+  const int64_t out_per_group = s.out_channels / s.groups, per_group = s.in_channels / s.groups;
+  const int64_t depth = per_group * taps;  // GEMM inner dimension per group
+  std::vector<T> input_hwc(static_cast<size_t>(s.batch * plane * s.in_channels));
+  parallel_for(s.batch * s.in_channels, [&](int64_t task) {
+    const int64_t image = task / s.in_channels, c = task % s.in_channels;
+    const T* source = input + task * plane;
+    T* target = input_hwc.data() + image * plane * s.in_channels + c;
+    for (int64_t i = 0; i < plane; ++i) target[i * s.in_channels] = source[i];
+  });
+  std::vector<T> weight_k(static_cast<size_t>(s.out_channels * depth));
+  for (int64_t o = 0; o < s.out_channels; ++o) {
+    for (int64_t ci = 0; ci < per_group; ++ci) {
+      for (int64_t t = 0; t < taps; ++t) weight_k[(o * taps + t) * per_group + ci] = weight[(o * per_group + ci) * taps + t];
     }
   }
+  const std::vector<T> zeros(static_cast<size_t>(s.in_channels), T(0));
+  const int64_t block = deform_conv2d_block_pixels(s, sizeof(T));
+  const int64_t blocks = (pixels + block - 1) / block, ld = s.in_channels * taps;
+  parallel_for(s.batch * blocks, [&](int64_t task) {
+    const int64_t image = task / blocks, first = task % blocks * block;
+    const int64_t count = std::min(block, pixels - first);
+    std::vector<T> columns(static_cast<size_t>(count * ld));
+    deformable_im2col_block(input_hwc.data() + image * plane * s.in_channels, zeros.data(),
+                            offset + image * 2 * s.offset_groups * taps * pixels,
+                            mask != nullptr ? mask + image * s.offset_groups * taps * pixels : nullptr, s, first,
+                            count, columns.data(), ld);
+    T* image_out = out + image * s.out_channels * pixels + first;
+    for (int64_t group = 0; group < s.groups; ++group) {
+      gemm(out_per_group, count, depth, weight_k.data() + group * out_per_group * depth, depth,
+           columns.data() + group * depth, ld, image_out + group * out_per_group * pixels, pixels);
+    }
+    if (bias != nullptr) {
+      for (int64_t channel = 0; channel < s.out_channels; ++channel) {
+        T* row = image_out + channel * pixels;
+        for (int64_t q = 0; q < count; ++q) row[q] += bias[channel];
+      }
+    }
+  });
 }
 
 }  // namespace opbridge::kernels

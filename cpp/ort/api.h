@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -53,9 +54,23 @@ class SessionThreads {
       for (int64_t t = 0; t < tasks; ++t) task(t);
       return;
     }
-    auto trampoline = [](void* data, size_t index) { (*static_cast<const Task*>(data))(static_cast<int64_t>(index)); };
-    Ort::KernelContext(context_).ParallelFor(trampoline, static_cast<size_t>(tasks), 0,
-                                             const_cast<void*>(static_cast<const void*>(&task)));
+    // Nothing may unwind through the runtime's thread pool: the first exception
+    // of any task is kept and rethrown here, on the calling thread.
+    struct Call {
+      const Task& task;
+      std::once_flag once;
+      std::exception_ptr error;
+    } call{task, {}, nullptr};
+    auto trampoline = [](void* data, size_t index) {
+      auto& call = *static_cast<Call*>(data);
+      try {
+        call.task(static_cast<int64_t>(index));
+      } catch (...) {
+        std::call_once(call.once, [&] { call.error = std::current_exception(); });
+      }
+    };
+    Ort::KernelContext(context_).ParallelFor(trampoline, static_cast<size_t>(tasks), 0, &call);
+    if (call.error) std::rethrow_exception(call.error);
   }
 
  private:

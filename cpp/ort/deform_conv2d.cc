@@ -8,6 +8,7 @@
 
 #include "kernels/deform_conv2d.h"
 #include "ort/api.h"
+#include "ort/gemm.h"
 
 namespace opbridge::ort {
 namespace {
@@ -73,14 +74,9 @@ struct DeformConv2d {
       if (!status.ok()) return from_kernel(status);
       T* out = y.Allocate({shape.batch, shape.out_channels, shape.out_h, shape.out_w});
       if (shape.batch == 0) return Ort::Status(nullptr);
-      std::vector<T> columns(
-          static_cast<size_t>(shape.in_channels * shape.kernel_h * shape.kernel_w * shape.out_h * shape.out_w));
-      const SessionThreads threads(context);
-      auto gemm = [&](int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c) {
-        kernels::gemm_reference(m, n, k, a, b, c, threads);
-      };
       kernels::deform_conv2d(x.Data(), w.Data(), offset.Data(), mask ? mask->GetTensorData<T>() : nullptr,
-                             bias ? bias->GetTensorData<T>() : nullptr, out, columns.data(), shape, threads, gemm);
+                             bias ? bias->GetTensorData<T>() : nullptr, out, shape, SessionThreads(context),
+                             gemm<T>);
       return Ort::Status(nullptr);
     });
   }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ort/api.h"
+#include "ort/gemm.h"
 
 namespace opbridge::ort {
 namespace {
@@ -68,6 +69,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   std::call_once(once, [&] {
     g_api_version = version;
     Ort::InitApi(api);
+    init_gemm();
     domain = make_domain(version);
   });
   return api->AddCustomOpDomain(options, *domain);

@@ -1,5 +1,6 @@
 // Kernel tests without torch or ORT: my_add against a naive broadcasting loop
-// over random shapes, and the shape checks' messages.
+// over random shapes, the shape checks' messages, and deform_conv2d against a
+// direct (per output element) evaluation.
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -7,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/deform_conv2d.h"
 #include "kernels/my_add.h"
 
 namespace {
@@ -117,11 +119,100 @@ void test_float16_rounds_once() {
 }
 #endif
 
+// Direct evaluation of deformable convolution: one output element at a time.
+double direct_bilinear(const std::vector<float>& x, int64_t plane, int64_t h, int64_t w, double y, double xx) {
+  if (!(y > -1 && y < h && xx > -1 && xx < w)) return 0;
+  const int64_t y0 = static_cast<int64_t>(std::floor(y)), x0 = static_cast<int64_t>(std::floor(xx));
+  double value = 0;
+  for (int64_t dy = 0; dy < 2; ++dy) {
+    for (int64_t dx = 0; dx < 2; ++dx) {
+      const int64_t yy = y0 + dy, xc = x0 + dx;
+      if (yy < 0 || yy >= h || xc < 0 || xc >= w) continue;
+      value += (dy ? y - y0 : 1 - (y - y0)) * (dx ? xx - x0 : 1 - (xx - x0)) * x[plane + yy * w + xc];
+    }
+  }
+  return value;
+}
+
+void test_deform_conv2d_direct() {
+  using namespace opbridge::kernels;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> small(1, 3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t groups = small(rng), offset_groups = small(rng), batch = small(rng) - 1;
+    DeformConv2dAttributes attributes;
+    attributes.groups = groups, attributes.offset_groups = offset_groups;
+    attributes.strides = {small(rng), small(rng)}, attributes.dilations = {small(rng), small(rng)};
+    attributes.pads = {small(rng) - 1, small(rng) - 1, small(rng) - 1, small(rng) - 1};
+    const int64_t in_channels = groups * offset_groups * small(rng), out_channels = groups * small(rng);
+    const int64_t height = 2 + rng() % 9, width = 2 + rng() % 9, kh = small(rng), kw = small(rng);
+    const int64_t out_h = (height + attributes.pads[0] + attributes.pads[2] - attributes.dilations[0] * (kh - 1) - 1);
+    const int64_t out_w = (width + attributes.pads[1] + attributes.pads[3] - attributes.dilations[1] * (kw - 1) - 1);
+    if (out_h < 0 || out_w < 0) continue;
+    const int64_t oh = out_h / attributes.strides[0] + 1, ow = out_w / attributes.strides[1] + 1;
+    const bool with_mask = trial % 2 == 0, with_bias = trial % 3 == 0;
+    const std::vector<int64_t> x_shape{batch, in_channels, height, width}, w_shape{out_channels, in_channels / groups, kh, kw},
+        o_shape{batch, 2 * offset_groups * kh * kw, oh, ow}, m_shape{batch, offset_groups * kh * kw, oh, ow},
+        b_shape{out_channels};
+    DeformConv2dShape s;
+    const Status status = check_deform_conv2d({"op", "x", "w", "offset", "mask", "bias"}, x_shape, w_shape, o_shape,
+                                              with_mask ? &m_shape : nullptr, with_bias ? &b_shape : nullptr,
+                                              attributes, s);
+    expect(status.ok(), "valid deform_conv2d shapes are accepted: " + status.message);
+    if (!status.ok()) continue;
+    auto random = [&](const std::vector<int64_t>& shape, float scale) {
+      int64_t n = 1;
+      for (auto d : shape) n *= d;
+      std::vector<float> v(static_cast<size_t>(n));
+      for (auto& e : v) e = scale * normal(rng);
+      return v;
+    };
+    const auto x = random(x_shape, 1), w = random(w_shape, 1), offset = random(o_shape, 2.5f),
+               mask = random(m_shape, 1), bias = random(b_shape, 1);
+    std::vector<float> out(static_cast<size_t>(batch * out_channels * oh * ow), -1.0f);
+    auto gemm = [](int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                   int64_t ldc) { gemm_reference(m, n, k, a, lda, b, ldb, c, ldc); };
+    deform_conv2d(x.data(), w.data(), offset.data(), with_mask ? mask.data() : nullptr,
+                  with_bias ? bias.data() : nullptr, out.data(), s, ThreadedFor{}, gemm);
+    const int64_t taps = kh * kw, cin_g = in_channels / groups, cout_g = out_channels / groups;
+    double worst = 0;
+    for (int64_t n = 0; n < batch; ++n) {
+      for (int64_t co = 0; co < out_channels; ++co) {
+        for (int64_t y = 0; y < oh; ++y) {
+          for (int64_t xo = 0; xo < ow; ++xo) {
+            double sum = with_bias ? bias[co] : 0.0;
+            const int64_t g = co / cout_g;
+            for (int64_t ci = 0; ci < cin_g; ++ci) {
+              const int64_t c = g * cin_g + ci, og = c / (in_channels / offset_groups);
+              for (int64_t t = 0; t < taps; ++t) {
+                const int64_t pixel = y * ow + xo, ki = t / kw, kj = t % kw;
+                const int64_t o_base = ((n * offset_groups + og) * 2 * taps + 2 * t) * oh * ow;
+                const double sy = y * attributes.strides[0] - attributes.pads[0] + ki * attributes.dilations[0] +
+                                  offset[o_base + pixel];
+                const double sx = xo * attributes.strides[1] - attributes.pads[1] + kj * attributes.dilations[1] +
+                                  offset[o_base + oh * ow + pixel];
+                double v = direct_bilinear(x, (n * in_channels + c) * height * width, height, width, sy, sx);
+                if (with_mask) v *= mask[((n * offset_groups + og) * taps + t) * oh * ow + pixel];
+                sum += w[(co * cin_g + ci) * taps + t] * v;
+              }
+            }
+            worst = std::max(worst, std::abs(sum - out[((n * out_channels + co) * oh + y) * ow + xo]));
+          }
+        }
+      }
+    }
+    expect(worst < 1e-4, "deform_conv2d matches the direct evaluation (trial " + std::to_string(trial) +
+                             ", max error " + std::to_string(worst) + ")");
+  }
+}
+
 }  // namespace
 
 int main() {
   test_random_broadcasts();
   test_errors();
+  test_deform_conv2d_direct();
 #ifdef OPBRIDGE_HAS_FLOAT16
   test_float16_rounds_once();
 #endif

@@ -5,7 +5,6 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/mm.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -65,25 +64,23 @@ at::Tensor deform_conv2d_cpu(const at::Tensor& input, const at::Tensor& offset, 
   const auto b = bias ? bias->contiguous() : at::Tensor();
   auto out = at::empty({shape.batch, shape.out_channels, shape.out_h, shape.out_w}, input.options());
   if (out.numel() == 0) return out;
-  auto columns = at::empty({shape.in_channels * taps, shape.out_h * shape.out_w}, input.options());
   auto parallel_for = [](int64_t tasks, const auto& task) {
     at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) task(t);
     });
   };
   AT_DISPATCH_FLOATING_TYPES(dtype, "opbridge::deform_conv2d", [&] {
-    // torch's own matmul (MKL/OpenBLAS through at::mm) for the GEMMs.
-    auto gemm = [&](int64_t rows, int64_t cols, int64_t depth, const scalar_t* a, const scalar_t* bm, scalar_t* c) {
-      const auto options = input.options();
-      auto a_t = at::from_blob(const_cast<scalar_t*>(a), {rows, depth}, options);
-      auto b_t = at::from_blob(const_cast<scalar_t*>(bm), {depth, cols}, options);
-      auto c_t = at::from_blob(c, {rows, cols}, options);
-      at::mm_out(c_t, a_t, b_t);
+    // torch's own BLAS (MKL or OpenBLAS through at::mm) on strided views: inside
+    // a parallel region it runs on the calling thread.
+    auto gemm = [options = input.options()](int64_t m, int64_t n, int64_t k, const scalar_t* a, int64_t lda,
+                                            const scalar_t* bm, int64_t ldb, scalar_t* c, int64_t ldc) {
+      auto c_t = at::from_blob(c, {m, n}, {ldc, 1}, options);
+      at::mm_out(c_t, at::from_blob(const_cast<scalar_t*>(a), {m, k}, {lda, 1}, options),
+                 at::from_blob(const_cast<scalar_t*>(bm), {n, k}, {ldb, 1}, options).t());
     };
     kernels::deform_conv2d(x.const_data_ptr<scalar_t>(), w.const_data_ptr<scalar_t>(), o.const_data_ptr<scalar_t>(),
                            mask ? m.const_data_ptr<scalar_t>() : nullptr, bias ? b.const_data_ptr<scalar_t>() : nullptr,
-                           out.mutable_data_ptr<scalar_t>(), columns.mutable_data_ptr<scalar_t>(), shape, parallel_for,
-                           gemm);
+                           out.mutable_data_ptr<scalar_t>(), shape, parallel_for, gemm);
   });
   return out;
 }

@@ -1,0 +1,72 @@
+"""The benchmark harness (`nox -s bench`): it runs every path on small sizes, checks outputs before
+timing them, and computes ratios and target verdicts from the rows. No timings are asserted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opbridge import bench
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setattr(bench, "MY_ADD_SIZES", {"1 Mi": 4096})
+    monkeypatch.setattr(bench, "DEFORM_SHAPES", [bench.DeformShape(2, 4, 6, 5, 7, offset_groups=2)])
+
+
+def test_bench_runs_every_path_on_small_sizes(tiny, tmp_path):
+    json_path, md_path = tmp_path / "bench.json", tmp_path / "benchmarks.md"
+    status = bench.main(["--threads", "1", "--warmup", "0", "--repeat", "1", "--json", str(json_path),
+                         "--markdown", str(md_path)])  # fmt: skip
+    assert status == 0
+    import json
+
+    report = json.loads(json_path.read_text())
+    timed = {(r["op"], r["path"]) for r in report["rows"] if r["median_ms"] is not None}
+    for op, path in [("my_add", "ort_custom"), ("my_add", "ort_standard"), ("my_add", "torch_op"),
+                     ("my_add", "torch_eager"), ("deform_conv2d", "ort_custom"),
+                     ("deform_conv2d", "ort_decomposition"), ("deform_conv2d", "torch_op")]:  # fmt: skip
+        assert (op, path) in timed, f"{op} {path} was not timed"
+    # Without the triad helper the bound is reported as not measured, not silently dropped.
+    triad = [r for r in report["rows"] if r["path"] == "triad"]
+    assert triad and all(r["median_ms"] is None and "triad-library" in r["note"] for r in triad)
+    text = md_path.read_text()
+    assert "## my_add: times (ms)" in text and "## deform_conv2d: ratios" in text
+
+
+def test_outputs_are_checked_before_timing():
+    want = np.arange(6, dtype=np.float32)
+    bench._check("same", want.copy(), want, 0, 0)
+    with pytest.raises(AssertionError, match="differs from the baseline"):
+        bench._check("off by one", want + 1, want, 1e-6, 1e-6)
+    with pytest.raises(AssertionError, match="differs"):
+        bench._check("wrong shape", want[:3], want, 1e-6, 1e-6)
+
+
+def row(op, case, threads, path, ms):
+    return bench.Row(op, case, threads, path, ms, [ms])
+
+
+def test_ratios_and_targets():
+    rows = [
+        row("my_add", "64 Mi", 1, "ort_custom", 40.0),
+        row("my_add", "64 Mi", 1, "ort_standard", 100.0),  # 2.5x faster: meets >= 1.5
+        row("my_add", "64 Mi", 1, "triad", 30.0),  # 0.75 of the bound: misses >= 0.85
+        row("my_add", "1 Mi", 1, "ort_custom", 1.0),
+        row("my_add", "1 Mi", 1, "ort_standard", 1.2),  # 1.2x, but the bar is for 64 Mi only
+        row("deform_conv2d", "N1", 2, "ort_custom", 10.0),
+        row("deform_conv2d", "N1", 2, "ort_standard", None),  # n/a (old ORT): no ratio, no verdict
+    ]
+    found = {(r["case"], r["path"], r["baseline"]): r for r in bench.ratios(rows)}
+    standard = found[("64 Mi", "ort_custom", "ort_standard")]
+    assert standard["ratio"] == pytest.approx(2.5) and standard["met"] is True
+    triad = found[("64 Mi", "ort_custom", "triad")]
+    assert triad["ratio"] == pytest.approx(0.75) and triad["met"] is False
+    small = found[("1 Mi", "ort_custom", "ort_standard")]
+    assert small["ratio"] == pytest.approx(1.2) and small["target"] is None and small["met"] is None
+    missing = found[("N1", "ort_custom", "ort_standard")]
+    assert missing["ratio"] is None and missing["met"] is None
+    text = bench.markdown(rows, bench.ratios(rows), {"repeat": 1, "warmup": 0, "machine": "m", "torch": "t",
+                                                     "onnxruntime": "o"})  # fmt: skip
+    assert "| 64 Mi | 1 | ort_custom | triad | 0.75 | >= 0.85 | **no** |" in text
