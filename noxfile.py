@@ -101,7 +101,7 @@ def ort_versions(session: nox.Session, onnxruntime: str | None) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks against baselines measured in the same run: reports/bench.json and docs/benchmarks.md."""
     install_opbridge(session)
-    build_dir = ROOT / "build" / "nox-bench"
+    build_dir = ROOT / "build" / "nox-bench-helpers"  # not nox-bench: that is the wheel build of install_opbridge
     session.run(
         "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
         "-DOPBRIDGE_BUILD_TORCH=OFF", "-DOPBRIDGE_BUILD_ORT=OFF", "-DOPBRIDGE_BUILD_TESTS=OFF",

@@ -169,15 +169,15 @@ inline Status check_deform_conv2d(const DeformConv2dNames& names, const std::vec
 #define OPBRIDGE_VECTOR_CLONES
 #endif
 
-#define OPBRIDGE_DEFINE_BLEND4(T)                                                                             \
-  [[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4(                                                 \
-      T* __restrict out, const T* __restrict r0, const T* __restrict r1, const T* __restrict r2,              \
-      const T* __restrict r3, T w0, T w1, T w2, T w3, bool scaled, T scale, int64_t n) {                      \
-    if (scaled) {                                                                                             \
-      for (int64_t c = 0; c < n; ++c) out[c] = (w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c]) * scale;   \
-    } else {                                                                                                  \
-      for (int64_t c = 0; c < n; ++c) out[c] = w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c];             \
-    }                                                                                                         \
+#define OPBRIDGE_DEFINE_BLEND4(T)                                                                           \
+  [[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4(                                               \
+      T* __restrict out, const T* __restrict r0, const T* __restrict r1, const T* __restrict r2,            \
+      const T* __restrict r3, T w0, T w1, T w2, T w3, bool scaled, T scale, int64_t n) {                    \
+    if (scaled) {                                                                                           \
+      for (int64_t c = 0; c < n; ++c) out[c] = (w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c]) * scale; \
+    } else {                                                                                                \
+      for (int64_t c = 0; c < n; ++c) out[c] = w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c];           \
+    }                                                                                                       \
   }
 OPBRIDGE_DEFINE_BLEND4(float)
 OPBRIDGE_DEFINE_BLEND4(double)
@@ -234,19 +234,32 @@ void deformable_im2col_block(const T* input_hwc, const T* zeros, const T* offset
   }
 }
 
+// x . y in 16 independent lanes (so that the compiler vectorizes it without
+// reassociating a single sum), cloned like blend4.
+#define OPBRIDGE_DEFINE_DOT(T)                                                                                    \
+  [[maybe_unused]] OPBRIDGE_VECTOR_CLONES static T dot(const T* __restrict x, const T* __restrict y, int64_t k) { \
+    T lanes[16] = {};                                                                                             \
+    int64_t p = 0;                                                                                                \
+    for (; p + 16 <= k; p += 16) {                                                                                \
+      for (int l = 0; l < 16; ++l) lanes[l] += x[p + l] * y[p + l];                                               \
+    }                                                                                                             \
+    T sum = T(0);                                                                                                 \
+    for (int l = 0; l < 16; ++l) sum += lanes[l];                                                                 \
+    for (; p < k; ++p) sum += x[p] * y[p];                                                                        \
+    return sum;                                                                                                   \
+  }
+OPBRIDGE_DEFINE_DOT(float)
+OPBRIDGE_DEFINE_DOT(double)
+#undef OPBRIDGE_DEFINE_DOT
+
 // C[M, N] = A[M, K] * B[N, K]^T, row-major with leading dimensions: the portable
-// single-threaded GEMM for front ends without a better one.
+// single-threaded GEMM for front ends without a BLAS (several times slower than
+// one: see docs/architecture.md).
 template <class T>
 void gemm_reference(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c,
                     int64_t ldc) {
   for (int64_t row = 0; row < m; ++row) {
-    for (int64_t col = 0; col < n; ++col) {
-      const T* __restrict x = a + row * lda;
-      const T* __restrict y = b + col * ldb;
-      T sum = T(0);
-      for (int64_t p = 0; p < k; ++p) sum += x[p] * y[p];
-      c[row * ldc + col] = sum;
-    }
+    for (int64_t col = 0; col < n; ++col) c[row * ldc + col] = dot(a + row * lda, b + col * ldb, k);
   }
 }
 
@@ -286,7 +299,8 @@ void deform_conv2d(const T* input, const T* weight, const T* offset, const T* ma
   std::vector<T> weight_k(static_cast<size_t>(s.out_channels * depth));
   for (int64_t o = 0; o < s.out_channels; ++o) {
     for (int64_t ci = 0; ci < per_group; ++ci) {
-      for (int64_t t = 0; t < taps; ++t) weight_k[(o * taps + t) * per_group + ci] = weight[(o * per_group + ci) * taps + t];
+      for (int64_t t = 0; t < taps; ++t)
+        weight_k[(o * taps + t) * per_group + ci] = weight[(o * per_group + ci) * taps + t];
     }
   }
   const std::vector<T> zeros(static_cast<size_t>(s.in_channels), T(0));
@@ -298,8 +312,8 @@ void deform_conv2d(const T* input, const T* weight, const T* offset, const T* ma
     std::vector<T> columns(static_cast<size_t>(count * ld));
     deformable_im2col_block(input_hwc.data() + image * plane * s.in_channels, zeros.data(),
                             offset + image * 2 * s.offset_groups * taps * pixels,
-                            mask != nullptr ? mask + image * s.offset_groups * taps * pixels : nullptr, s, first,
-                            count, columns.data(), ld);
+                            mask != nullptr ? mask + image * s.offset_groups * taps * pixels : nullptr, s, first, count,
+                            columns.data(), ld);
     T* image_out = out + image * s.out_channels * pixels + first;
     for (int64_t group = 0; group < s.groups; ++group) {
       gemm(out_per_group, count, depth, weight_k.data() + group * out_per_group * depth, depth,

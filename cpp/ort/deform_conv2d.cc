@@ -75,8 +75,7 @@ struct DeformConv2d {
       T* out = y.Allocate({shape.batch, shape.out_channels, shape.out_h, shape.out_w});
       if (shape.batch == 0) return Ort::Status(nullptr);
       kernels::deform_conv2d(x.Data(), w.Data(), offset.Data(), mask ? mask->GetTensorData<T>() : nullptr,
-                             bias ? bias->GetTensorData<T>() : nullptr, out, shape, SessionThreads(context),
-                             gemm<T>);
+                             bias ? bias->GetTensorData<T>() : nullptr, out, shape, SessionThreads(context), gemm<T>);
       return Ort::Status(nullptr);
     });
   }

@@ -152,13 +152,13 @@ void test_deform_conv2d_direct() {
     if (out_h < 0 || out_w < 0) continue;
     const int64_t oh = out_h / attributes.strides[0] + 1, ow = out_w / attributes.strides[1] + 1;
     const bool with_mask = trial % 2 == 0, with_bias = trial % 3 == 0;
-    const std::vector<int64_t> x_shape{batch, in_channels, height, width}, w_shape{out_channels, in_channels / groups, kh, kw},
-        o_shape{batch, 2 * offset_groups * kh * kw, oh, ow}, m_shape{batch, offset_groups * kh * kw, oh, ow},
-        b_shape{out_channels};
+    const std::vector<int64_t> x_shape{batch, in_channels, height, width},
+        w_shape{out_channels, in_channels / groups, kh, kw}, o_shape{batch, 2 * offset_groups * kh * kw, oh, ow},
+        m_shape{batch, offset_groups * kh * kw, oh, ow}, b_shape{out_channels};
     DeformConv2dShape s;
-    const Status status = check_deform_conv2d({"op", "x", "w", "offset", "mask", "bias"}, x_shape, w_shape, o_shape,
-                                              with_mask ? &m_shape : nullptr, with_bias ? &b_shape : nullptr,
-                                              attributes, s);
+    const Status status =
+        check_deform_conv2d({"op", "x", "w", "offset", "mask", "bias"}, x_shape, w_shape, o_shape,
+                            with_mask ? &m_shape : nullptr, with_bias ? &b_shape : nullptr, attributes, s);
     expect(status.ok(), "valid deform_conv2d shapes are accepted: " + status.message);
     if (!status.ok()) continue;
     auto random = [&](const std::vector<int64_t>& shape, float scale) {

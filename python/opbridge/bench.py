@@ -358,7 +358,8 @@ def markdown(rows: list[Row], summary: list[dict], environment: dict) -> str:
         f"{environment['repeat']} timed runs after {environment['warmup']} warm-up runs, on "
         f"{environment['machine']}: torch {environment['torch']}, onnxruntime {environment['onnxruntime']}.",
         "A ratio is baseline time / opbridge time (above 1: opbridge is faster); for `triad` and `gemm` it is "
-        "the fraction of the bound reached. Paths and method: `python/opbridge/bench.py`.",
+        "the fraction of the bound reached. Paths and method: `python/opbridge/bench.py`; how the kernels get "
+        "there: [architecture.md](architecture.md#performance).",
         "",
     ]
     for op in ("my_add", "deform_conv2d"):
@@ -402,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args.threads, args.warmup, args.repeat, args.triad_library)
     environment = {
         "torch": torch.__version__, "onnxruntime": ort.__version__, "opbridge": opbridge.__version__,
-        "python": platform.python_version(), "machine": f"{platform.machine()}, {_cpu_count()} cores",
+        "python": platform.python_version(), "machine": f"{_cpu_name()}, {_cpu_count()} cores",
         "warmup": args.warmup, "repeat": args.repeat,
     }  # fmt: skip
     print(f"opbridge bench: torch {environment['torch']}, onnxruntime {environment['onnxruntime']}, "
@@ -428,6 +429,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(markdown(bench.rows, summary, environment))
     return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
 
 
 def _cpu_count() -> int:
