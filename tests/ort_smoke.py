@@ -183,6 +183,11 @@ def deform_conv2d_reference(
                             & (xx > -1)
                             & (xx < w)
                         )
+                        # Positions may be NaN or infinite (then `ok` is False): index somewhere valid.
+                        cy, cx = (
+                            np.nan_to_num(cy, nan=0, posinf=0, neginf=0),
+                            np.nan_to_num(cx, nan=0, posinf=0, neginf=0),
+                        )
                         iy, ix = np.clip(cy, 0, h - 1).astype(int), np.clip(cx, 0, w - 1).astype(int)
                         value += np.where(ok, wy * wx * xd[image, channel][iy, ix], 0.0)
                     if mask is not None:
