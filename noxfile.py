@@ -44,13 +44,16 @@ ORT_VERSIONS = ["1.15.1", "1.16.3", "1.20.1", "1.24.4", None]
 EXPORTED_MODELS = ROOT / "reports" / "exported-models"
 
 
-def install_opbridge(session: nox.Session, torch: str = TORCH, torchvision: str | None = TORCHVISION) -> None:
+def install_opbridge(
+    session: nox.Session, torch: str = TORCH, torchvision: str | None = TORCHVISION, defines: tuple[str, ...] = ()
+) -> None:
     """torch first, then opbridge built against it (never in an isolated build env:
-    pip would build against whatever torch it downloads)."""
+    pip would build against whatever torch it downloads). `defines`: extra CMake definitions."""
     session.install(f"torch=={torch}", *([f"torchvision=={torchvision}"] if torchvision else []))
     session.install(*BUILD_REQUIREMENTS)
     build_dir = ROOT / "build" / f"nox-{session.name}"
-    session.install("--no-build-isolation", f"--config-settings=build-dir={build_dir}", ".[test]")
+    settings = [f"--config-settings=cmake.define.{d}" for d in defines]
+    session.install("--no-build-isolation", f"--config-settings=build-dir={build_dir}", *settings, ".[test]")
 
 
 def build_ort_library_alone(session: nox.Session, build_dir: Path) -> Path:
@@ -114,6 +117,56 @@ def bench(session: nox.Session) -> None:
         "--json", str(ROOT / "reports" / "bench.json"), "--markdown", str(ROOT / "docs" / "benchmarks.md"),
         *session.posargs,
     )  # fmt: skip
+
+
+FUZZ_CASES = "10000"
+
+
+@nox.session(default=False)
+def fuzz(session: nox.Session) -> None:
+    """The long fuzz run: 10,000 cases per target (ORT and torch ops); `nox -s fuzz -- --cases N --seed S`."""
+    install_opbridge(session)
+    (ROOT / "reports").mkdir(exist_ok=True)
+    args = session.posargs or ["--cases", FUZZ_CASES]
+    session.run("python", str(ROOT / "tests" / "fuzz.py"), "--json", str(ROOT / "reports" / "fuzz.json"), *args)
+
+
+def sanitizer_env(session: nox.Session) -> dict[str, str]:
+    """Python and the runtimes are not instrumented: the ASan runtime is preloaded. Leaks are checked
+    separately (tests/leak_check.cpp), as the interpreter's own allocations at exit would drown them."""
+    def runtime(name: str) -> str:
+        return session.run("g++", f"-print-file-name={name}", silent=True, external=True).strip()
+
+    return {
+        # libstdc++ too: ASan must find the real __cxa_throw in a process that did not link it.
+        "LD_PRELOAD": f"{runtime('libasan.so')} {runtime('libstdc++.so.6')}",
+        # allocator_may_return_null: a huge allocation fails as it does without ASan (bad_alloc), which the
+        # fuzzer provokes on purpose.
+        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:detect_stack_use_after_return=1",
+        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+    }
+
+
+@nox.session(default=False)
+def sanitize(session: nox.Session) -> None:
+    """Both libraries built with AddressSanitizer + UndefinedBehaviorSanitizer: the C++ kernel tests, the fuzzer
+    (`nox -s sanitize -- --cases N --seed S`, default 10,000 per target), the concurrency and memory tests, and
+    LeakSanitizer on a C++ program that creates and runs 1000 sessions with the library."""
+    install_opbridge(session, defines=("OPBRIDGE_SANITIZE=ON",))
+    session.install("onnx", "numpy")
+    build_dir = ROOT / "build" / "nox-sanitize-alone"
+    session.run(
+        "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja", "-DOPBRIDGE_BUILD_TORCH=OFF",
+        "-DCMAKE_BUILD_TYPE=Release", "-DOPBRIDGE_SANITIZE=ON",
+    )  # fmt: skip
+    session.run("cmake", "--build", str(build_dir))
+    env = sanitizer_env(session)
+    session.run(str(build_dir / "cpp" / "tests" / "opbridge_test_kernels"), env=env)
+    (ROOT / "reports").mkdir(exist_ok=True)
+    args = session.posargs or ["--cases", FUZZ_CASES]
+    session.run("python", str(ROOT / "tests" / "fuzz.py"), "--json", str(ROOT / "reports" / "fuzz-sanitize.json"),
+                "--no-huge-allocations", *args, env=env)  # fmt: skip
+    session.run("pytest", "-q", str(ROOT / "tests" / "test_robustness.py"), "-k", "not fuzz", env=env)
 
 
 @nox.session(default=True)
