@@ -134,6 +134,7 @@ def fuzz(session: nox.Session) -> None:
 def sanitizer_env(session: nox.Session) -> dict[str, str]:
     """Python and the runtimes are not instrumented: the ASan runtime is preloaded. Leaks are checked
     separately (tests/leak_check.cpp), as the interpreter's own allocations at exit would drown them."""
+
     def runtime(name: str) -> str:
         return session.run("g++", f"-print-file-name={name}", silent=True, external=True).strip()
 
@@ -161,12 +162,18 @@ def sanitize(session: nox.Session) -> None:
     )  # fmt: skip
     session.run("cmake", "--build", str(build_dir))
     env = sanitizer_env(session)
-    session.run(str(build_dir / "cpp" / "tests" / "opbridge_test_kernels"), env=env)
+    session.run(str(build_dir / "cpp" / "tests" / "opbridge_test_kernels"), external=True)  # instrumented itself
     (ROOT / "reports").mkdir(exist_ok=True)
     args = session.posargs or ["--cases", FUZZ_CASES]
     session.run("python", str(ROOT / "tests" / "fuzz.py"), "--json", str(ROOT / "reports" / "fuzz-sanitize.json"),
                 "--no-huge-allocations", *args, env=env)  # fmt: skip
     session.run("pytest", "-q", str(ROOT / "tests" / "test_robustness.py"), "-k", "not fuzz", env=env)
+    # The C++ leak check is instrumented itself: no preload, and LeakSanitizer on.
+    session.run(
+        "python", str(ROOT / "tests" / "leak_check.py"), str(build_dir / "cpp" / "tests" / "opbridge_leak_check"),
+        str(build_dir / "cpp" / "ort" / "libopbridge_ort.so"), "1000",
+        env={"ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"},
+    )  # fmt: skip
 
 
 @nox.session(default=True)

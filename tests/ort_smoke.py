@@ -307,6 +307,22 @@ def check_deform_conv2d_bad_input(library: str) -> None:
     for change, fragment in bad_attributes:
         sess = session(library, deform_model(np.float32, **{**attributes, **change}))
         expect_error(lambda sess=sess: sess.run(None, feeds), "opbridge::DeformConv2d", fragment)
+    # Attributes of the wrong type are errors, never silently replaced by a default: an integer given as a float
+    # fails at load; a list given as floats or a string reads as an empty list, which fails at run.
+    wrong_types = [({"group": 2.0}, "attribute 'group' must be an integer"), ({"strides": [1.0, 2.0]}, "need 2 values"),
+                   ({"pads": "1"}, "pads 4")]  # fmt: skip
+    for change, fragment in wrong_types:
+        model = deform_model(np.float32, **{**attributes, **change})
+        expect_error(lambda model=model: session(library, model).run(None, feeds), "opbridge::DeformConv2d", fragment)
+    # Absent attributes take ONNX DeformConv's defaults (stride 1, no padding, dilation 1, one group).
+    x, w = np.ascontiguousarray(feeds["X"][:, :2]), np.ascontiguousarray(feeds["W"])  # W: [6, 2, 3, 2]
+    offset = rng.standard_normal((2, 12, x.shape[2] - 2, x.shape[3] - 1)).astype(np.float32)
+    plain = {"X": x, "W": w, "offset": offset}
+    defaults = session(library, deform_model(np.float32, inputs=("X", "W", "offset")))
+    (y,) = defaults.run(None, plain)
+    np.testing.assert_allclose(
+        y, deform_conv2d_reference(plain["X"], plain["W"], plain["offset"]), rtol=1e-5, atol=1e-5
+    )
     sess = session(library, deform_model(np.float32, **attributes))
     bad_inputs = [
         ({"X": feeds["X"][0]}, "input X (index 0) must be 4-D"),

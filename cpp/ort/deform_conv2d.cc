@@ -3,6 +3,7 @@
 // group, kernel_shape, offset_group, pads, strides) of ONNX DeformConv, so it
 // runs deformable convolutions on ORT versions without a DeformConv kernel.
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -21,26 +22,41 @@ constexpr kernels::DeformConv2dNames kNames{kOp,
                                             "input mask (index 4)",
                                             "input B (index 3)"};
 
-// Optional attributes: absent means the ONNX default.
+// Optional attributes: absent means the ONNX default; present, they must have the
+// type ONNX DeformConv gives them (a float `group` is an error, not a default).
+// The runtime reports absence as "No attribute with name ..." or "No attribute
+// with this name ..." (depending on the version).
+void attribute_status(const OrtApi* api, OrtStatus* status, const char* name, const char* expected, bool& absent) {
+  if (status == nullptr) return;
+  const std::string message = api->GetErrorMessage(status);
+  api->ReleaseStatus(status);
+  absent = message.find("No attribute with") != std::string::npos;
+  if (!absent) {
+    throw std::invalid_argument(std::string(kOp) + ": attribute '" + name + "' must be " + expected + " (" + message +
+                                ")");
+  }
+}
+
 std::vector<int64_t> ints_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name,
                                     std::vector<int64_t> fallback) {
   size_t size = 0;
-  if (OrtStatus* status = api->KernelInfoGetAttributeArray_int64(info, name, nullptr, &size)) {
-    api->ReleaseStatus(status);
-    return fallback;
-  }
+  bool absent = false;
+  attribute_status(api, api->KernelInfoGetAttributeArray_int64(info, name, nullptr, &size), name, "a list of integers",
+                   absent);
+  if (absent) return fallback;
   std::vector<int64_t> values(size);
-  if (size > 0) Ort::ThrowOnError(api->KernelInfoGetAttributeArray_int64(info, name, values.data(), &size));
+  if (size > 0) {
+    attribute_status(api, api->KernelInfoGetAttributeArray_int64(info, name, values.data(), &size), name,
+                     "a list of integers", absent);
+  }
   return values;
 }
 
 int64_t int_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name, int64_t fallback) {
   int64_t value = fallback;
-  if (OrtStatus* status = api->KernelInfoGetAttribute_int64(info, name, &value)) {
-    api->ReleaseStatus(status);
-    return fallback;
-  }
-  return value;
+  bool absent = false;
+  attribute_status(api, api->KernelInfoGetAttribute_int64(info, name, &value), name, "an integer", absent);
+  return absent ? fallback : value;
 }
 
 template <class T>
