@@ -302,6 +302,7 @@ def check_deform_conv2d_bad_input(library: str) -> None:
         ({"dilations": [2**62, 1]}, "too large"),  # (kernel_h - 1) * dilation overflows int64
         ({"dilations": [1, 2**62]}, "does not fit"),
         ({"pads": [2**62, 0, 2**62, 0]}, "too large"),
+        ({"pads": [1, 0, 2**63 - 1, 0]}, "too large"),  # found by the fuzzer under UBSan: pads summed unchecked
         ({"strides": [1, 1]}, "input offset (index 2) must have shape"),
     ]
     for change, fragment in bad_attributes:

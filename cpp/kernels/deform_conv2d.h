@@ -113,12 +113,14 @@ inline Status check_deform_conv2d(const DeformConv2dNames& names, const std::vec
                 " input channels");
   }
   // Output size, in checked arithmetic: a huge dilation or pad must not overflow.
+  // Pads are bounded first, so that adding two of them cannot overflow either.
+  constexpr int64_t kMaxPad = int64_t(1) << 40;
   int64_t span_h = 0, span_w = 0, padded_h = 0, padded_w = 0;
-  if (__builtin_mul_overflow(s.dilation_h, s.kernel_h - 1, &span_h) ||
+  if (s.pad_top > kMaxPad || s.pad_left > kMaxPad || s.pad_bottom > kMaxPad || s.pad_right > kMaxPad ||
+      __builtin_mul_overflow(s.dilation_h, s.kernel_h - 1, &span_h) ||
       __builtin_mul_overflow(s.dilation_w, s.kernel_w - 1, &span_w) ||
       __builtin_add_overflow(s.height, s.pad_top + s.pad_bottom, &padded_h) ||
-      __builtin_add_overflow(s.width, s.pad_left + s.pad_right, &padded_w) || s.pad_top > (int64_t(1) << 40) ||
-      s.pad_left > (int64_t(1) << 40) || s.pad_bottom > (int64_t(1) << 40) || s.pad_right > (int64_t(1) << 40)) {
+      __builtin_add_overflow(s.width, s.pad_left + s.pad_right, &padded_w)) {
     return fail("dilations, pads or kernel size are too large");
   }
   s.out_h = padded_h - span_h - 1 < 0 ? 0 : (padded_h - span_h - 1) / s.stride_h + 1;

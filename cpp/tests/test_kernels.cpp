@@ -2,6 +2,7 @@
 // over random shapes, the shape checks' messages, and deform_conv2d against a
 // direct (per output element) evaluation.
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -134,6 +135,27 @@ double direct_bilinear(const std::vector<float>& x, int64_t plane, int64_t h, in
   return value;
 }
 
+// Regression (fuzzer, UBSan): huge pads were added before they were bounded.
+void test_deform_conv2d_huge_attributes() {
+  using namespace opbridge::kernels;
+  const std::vector<int64_t> x{1, 2, 5, 5}, w{2, 2, 3, 3}, o{1, 18, 5, 5};
+  for (const auto& pads : std::vector<std::vector<int64_t>>{
+           {1, 0, INT64_MAX, 0}, {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX}, {0, INT64_MAX, 0, 1}}) {
+    DeformConv2dAttributes attributes;
+    attributes.pads = pads;
+    DeformConv2dShape s;
+    const Status status =
+        check_deform_conv2d({"op", "x", "w", "offset", "mask", "bias"}, x, w, o, nullptr, nullptr, attributes, s);
+    expect(status.message.find("too large") != std::string::npos, "huge pads are rejected: " + status.message);
+  }
+  DeformConv2dAttributes attributes;
+  attributes.strides = {INT64_MAX, 1}, attributes.dilations = {INT64_MAX, INT64_MAX};
+  DeformConv2dShape s;
+  const Status status =
+      check_deform_conv2d({"op", "x", "w", "offset", "mask", "bias"}, x, w, o, nullptr, nullptr, attributes, s);
+  expect(!status.ok(), "huge dilations are rejected");
+}
+
 void test_deform_conv2d_direct() {
   using namespace opbridge::kernels;
   std::mt19937 rng(7);
@@ -212,6 +234,7 @@ void test_deform_conv2d_direct() {
 int main() {
   test_random_broadcasts();
   test_errors();
+  test_deform_conv2d_huge_attributes();
   test_deform_conv2d_direct();
 #ifdef OPBRIDGE_HAS_FLOAT16
   test_float16_rounds_once();
