@@ -6,6 +6,8 @@
     nox -s lint           ruff and clang-format
     nox -s bench          opbridge's kernels against their baselines (ORT's ops, torch eager, torchvision,
                           the memory-bandwidth and GEMM bounds): docs/benchmarks.md
+    nox -s fuzz           10,000 hostile cases per op target (tests/fuzz.py); `-- --cases N --seed S`
+    nox -s sanitize       both libraries under ASan + UBSan: kernel tests, fuzzer, concurrency, leak check
     nox -t matrix         the release matrix: a wheel per torch version and the runtime wheel (`wheels`),
                           parity of the installed wheels across torch x ORT (`matrix`), the torch-free
                           runtime wheel (`runtime`), then docs/compatibility.md (`report`)
