@@ -236,6 +236,7 @@ def runtime(session: nox.Session) -> None:
     if not wheel:
         session.error("no opbridge_ort wheel in dist/: run `nox -s wheels` first")
     session.install(str(wheel[-1]), "onnx", "numpy")
+    session.install("--force-reinstall", "--no-deps", str(wheel[-1]))  # a rebuilt wheel keeps its version
     session.chdir(ROOT / "reports")
     session.run("python", "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)")
     library = session.run("python", "-c", "import opbridge_ort; print(opbridge_ort.library_path())", silent=True)
