@@ -536,7 +536,10 @@ def drive(target: str, seed: int, cases: int, library: str | None, batch: int, t
         culprit = last_started if last_started is not None and last_started not in finished else case + len(finished)
         outcome = "hang" if hung else "crash"
         counts[outcome] += 1
-        tail = "\n".join(stderr.strip().splitlines()[-12:])
+        lines = stderr.strip().splitlines()
+        # The sanitizer's report when there is one (its first lines say what and where), else the end.
+        report = next((i for i, line in enumerate(lines) if "runtime error" in line or "ERROR: " in line), None)
+        tail = "\n".join(lines[report : report + 12] if report is not None else lines[-12:])
         failures.append({"target": target, "case": culprit, "outcome": outcome, "returncode": code, "stderr": tail})
         print(f"  {target} case {culprit}: {outcome} (exit {code})\n{tail}", flush=True)
         case = culprit + 1
