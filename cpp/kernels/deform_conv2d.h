@@ -211,7 +211,9 @@ void deformable_im2col_block(const T* input_hwc, const T* zeros, const T* offset
         const T* rows[4] = {zeros, zeros, zeros, zeros};
         T w[4] = {T(0), T(0), T(0), T(0)};
         if (y > T(-1) && y < T(s.height) && x > T(-1) && x < T(s.width)) {  // also rejects NaN
-          const int64_t y_low = static_cast<int64_t>(std::floor(y)), x_low = static_cast<int64_t>(std::floor(x));
+          // floor() of a value in (-1, size): truncation, or -1 below zero (no libm call on baseline x86-64).
+          const int64_t y_low = y >= T(0) ? static_cast<int64_t>(y) : -1;
+          const int64_t x_low = x >= T(0) ? static_cast<int64_t>(x) : -1;
           const T ly = y - T(y_low), lx = x - T(x_low), hy = T(1) - ly, hx = T(1) - lx;
           w[0] = hy * hx, w[1] = hy * lx, w[2] = ly * hx, w[3] = ly * lx;
           const bool top = y_low >= 0, bottom = y_low + 1 < s.height, left = x_low >= 0, right = x_low + 1 < s.width;
