@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -97,3 +99,56 @@ def test_intra_op_threads(threads):
     b = np.random.default_rng(1).standard_normal(300_001).astype(np.float32)
     (c,) = session.run(None, {"A": a, "B": b})
     np.testing.assert_array_equal(c, 2 * a + b)
+
+
+def _thread_cpu_ticks() -> dict[str, int]:
+    """utime + stime of every thread of this process, in clock ticks (/proc/self/task/*/stat)."""
+    ticks = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        ticks[task.name] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc to see per-thread CPU time")
+def test_deform_conv2d_honours_intra_op_num_threads():
+    """With intra_op_num_threads=1 the whole deformable convolution (sampling and OpenBLAS GEMM) runs on the
+    calling thread; with 2, a second thread does a real share of it. Checked by per-thread CPU time."""
+    sys.path.insert(0, str(TESTS))
+    try:
+        from ort_smoke import deform_model
+    finally:
+        sys.path.remove(str(TESTS))
+    rng = np.random.default_rng(0)
+    feeds = {
+        "X": rng.standard_normal((1, 64, 64, 64), dtype=np.float32),
+        "W": rng.standard_normal((64, 64, 3, 3), dtype=np.float32),
+        "offset": rng.standard_normal((1, 18, 64, 64), dtype=np.float32),
+        "B": rng.standard_normal(64, dtype=np.float32),
+        "mask": rng.random((1, 9, 64, 64), dtype=np.float32),
+    }
+    model = deform_model(np.float32, strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, offset_group=1)
+    caller = str(threading.get_native_id())
+    # Loading the library loads OpenBLAS, whose idle pool threads spin for a moment before they sleep (once per
+    # process; see docs/architecture.md): load it, let them settle, then measure.
+    opbridge_ort.InferenceSession(model).run(None, feeds)
+    time.sleep(1.0)
+    shares = {}
+    for threads in (1, 2):
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = opbridge_ort.InferenceSession(model, options)
+        session.run(None, feeds)
+        before = _thread_cpu_ticks()
+        for _ in range(40):
+            session.run(None, feeds)
+        after = _thread_cpu_ticks()
+        spent = {tid: after[tid] - before.get(tid, 0) for tid in after}
+        total = sum(spent.values())
+        assert total >= 20, f"too little work to measure ({total} ticks)"
+        shares[threads] = 1 - spent.get(caller, 0) / total
+    assert shares[1] < 0.1, f"with 1 intra-op thread, {shares[1]:.0%} of the CPU time was on other threads"
+    assert shares[2] > 0.2, f"with 2 intra-op threads, only {shares[2]:.0%} of the CPU time was on other threads"
