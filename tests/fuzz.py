@@ -162,7 +162,7 @@ def deform_out_size(cfg):
 
 
 def mutate_deform(rng, cfg, symmetric_pads: bool) -> None:
-    kind = int(rng.integers(0, 14))
+    kind = int(rng.integers(0, 15))
     value = lambda: int(rng.choice([0, -1, -2, 3, 5, *HUGE, -(2**63)]))  # noqa: E731
     if kind == 0:
         cfg["strides"] = [value(), cfg["strides"][-1]] if chance(rng, 0.7) else cfg["strides"][:1]
@@ -206,6 +206,8 @@ def mutate_deform(rng, cfg, symmetric_pads: bool) -> None:
         cfg["omit_attributes"] = list(rng.choice(["strides", "pads", "dilations", "group", "offset_group"], 2))
     elif kind == 12:
         cfg["dtype_w"] = [np.float32, np.float64, np.int32][int(rng.integers(0, 3))]
+    elif kind == 13:  # an attribute of the wrong type (floats for integers); ORT only, torch's schema is typed
+        cfg["float_attribute"] = str(rng.choice(["strides", "pads", "dilations", "group", "offset_group"]))
     else:
         choice = int(rng.integers(0, 3))
         if choice == 0:
@@ -360,6 +362,10 @@ class OrtTargets:
         node_attributes = {k: v for k, v in attributes.items() if k not in cfg["omit_attributes"]}
         if "kernel_shape_attribute" in cfg:
             node_attributes["kernel_shape"] = cfg["kernel_shape_attribute"]
+        wrong_type = cfg.get("float_attribute")
+        if wrong_type in node_attributes:
+            value = node_attributes[wrong_type]
+            node_attributes[wrong_type] = [float(v) for v in value] if isinstance(value, list) else float(value)
         names = ["X", "W", "offset"] + (["B"] if cfg["bias"] or cfg["mask"] else []) + (["mask"] if cfg["mask"] else [])
         if names[3:4] == ["B"] and not cfg["bias"]:
             names[3] = ""  # B omitted by an empty name, mask given
@@ -389,7 +395,7 @@ class OrtTargets:
         except Exception as error:
             return "rejected", str(error)[:200]
         use_bias, use_mask = "B" in names, "mask" in names
-        if not deform_valid(cfg, attributes, use_bias, use_mask):
+        if wrong_type in node_attributes or not deform_valid(cfg, attributes, use_bias, use_mask):
             return "mismatch", "an invalid configuration was accepted"
         feeds = {k: v for k, v in arrays.items() if (k != "B" or use_bias) and (k != "mask" or use_mask)}
         want = deform_reference(feeds, attributes)
