@@ -407,6 +407,13 @@ class OrtTargets:
         )
 
 
+def to_torch(array):
+    """A tensor of the array's exact shape (np.ascontiguousarray would turn a 0-d array into shape (1,))."""
+    import torch
+
+    return torch.from_numpy(np.array(array, order="C", copy=True))
+
+
 class TorchTargets:
     def __init__(self) -> None:
         import torch
@@ -428,8 +435,8 @@ class TorchTargets:
             except Exception as error:
                 return "rejected", str(error)[:200]
             return "mismatch", "a huge output was accepted"
-        a = torch.from_numpy(np.ascontiguousarray(random_values(rng, cfg["a"], cfg["dtype_a"], cfg["special"])))
-        b = torch.from_numpy(np.ascontiguousarray(random_values(rng, cfg["b"], cfg["dtype_b"], cfg["special"])))
+        a = to_torch(random_values(rng, cfg["a"], cfg["dtype_a"], cfg["special"]))
+        b = to_torch(random_values(rng, cfg["b"], cfg["dtype_b"], cfg["special"]))
         if chance(rng, 0.3) and a.dim() >= 2:  # a non-contiguous view with the same values
             a = a.transpose(0, 1).contiguous().transpose(0, 1)
         if chance(rng, 0.1) and b.dim() >= 1 and b.shape[-1] > 0:
@@ -452,7 +459,7 @@ class TorchTargets:
         if arrays is None:
             return "rejected", "skipped: declared shapes too large to allocate"
         attributes = effective_attributes(cfg)
-        t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+        t = {k: to_torch(v) for k, v in arrays.items()}
         pads = attributes["pads"]
         padding = pads[:2] if len(pads) == 4 and pads[:2] == pads[2:] else pads[:2] + [1] * (len(pads) > 4)
         try:
