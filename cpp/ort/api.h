@@ -105,9 +105,38 @@ Ort::Custom::OrtLiteCustomOp* complete_op(Ort::Custom::OrtLiteCustomOp* op) {
   return op;
 }
 
-// Appends the OrtCustomOps of each op (one per supported element type) to `ops`.
-// This is the op list of the library: one line per op here and in register.cc.
-void append_my_add(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops);
-void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops);
+// The library's op list. Each op's file adds itself, so adding an op edits no
+// shared file:
+//
+//   void append_my_add(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) { ... }  // one per element type
+//   OPBRIDGE_ORT_OP(MyAdd, 1, append_my_add)
+//
+// The registrations run when the library is loaded; RegisterCustomOps creates the
+// ops once it has negotiated the API version (creating them needs the API).
+using OpFactory = void (*)(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops);
+
+struct OpRegistration {
+  const char* op_type;  // the node's op_type in the opbridge domain
+  int since_version;    // the opbridge domain version that introduced it
+  OpFactory append;
+};
+
+std::vector<OpRegistration>& registered_ops();
+
+struct RegisterOp {
+  RegisterOp(const char* op_type, int since_version, OpFactory append) {
+    registered_ops().push_back({op_type, since_version, append});
+  }
+};
+
+}  // namespace opbridge::ort
+
+// Also leaves "opbridge-ort-op:<OpType>:<version>" in the library's read-only data:
+// opbridge_ort.ops() reads the op list from the file, without loading it into a runtime.
+#define OPBRIDGE_ORT_OP(OpType, Version, Append)                                                          \
+  static const ::opbridge::ort::RegisterOp opbridge_ort_register_##OpType{#OpType, Version, Append}; \
+  [[gnu::used]] static const char opbridge_ort_marker_##OpType[] = "opbridge-ort-op:" #OpType ":" #Version
+
+namespace opbridge::ort {
 
 }  // namespace opbridge::ort

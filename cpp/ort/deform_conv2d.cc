@@ -109,11 +109,13 @@ Ort::Custom::OrtLiteCustomOp* make_op() {
   return op;
 }
 
-}  // namespace
-
 void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(make_op<float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>());
   ops.push_back(make_op<double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
 }
+
+}  // namespace
+
+OPBRIDGE_ORT_OP(DeformConv2d, 1, append_deform_conv2d);
 
 }  // namespace opbridge::ort

@@ -39,8 +39,6 @@ Ort::Status MyAdd(OrtKernelContext* context, const Ort::Custom::Tensor<T>& a, co
   });
 }
 
-}  // namespace
-
 void append_my_add(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<float>)));
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<double>)));
@@ -48,5 +46,9 @@ void append_my_add(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<Ort::Float16_t>)));
 #endif
 }
+
+}  // namespace
+
+OPBRIDGE_ORT_OP(MyAdd, 1, append_my_add);
 
 }  // namespace opbridge::ort

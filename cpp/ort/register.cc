@@ -18,8 +18,7 @@ int g_api_version = 0;
 // them, and destroying them at exit could run after the runtime is unloaded.
 Ort::CustomOpDomain* make_domain(int version) {
   static std::vector<Ort::Custom::OrtLiteCustomOp*> ops;
-  append_my_add(ops);
-  append_deform_conv2d(ops);
+  for (const auto& registration : registered_ops()) registration.append(ops);
   auto* domain = new Ort::CustomOpDomain("opbridge");
   for (auto* op : ops) {
     // Declare the negotiated version, not the headers': an older runtime
@@ -40,6 +39,13 @@ int runtime_minor_version(const char* version) {
 }  // namespace
 
 int api_version() { return g_api_version; }
+
+std::vector<OpRegistration>& registered_ops() {
+  // Constructed on first use: the ops' files register during static
+  // initialisation, in an order the linker chooses.
+  static std::vector<OpRegistration> ops;
+  return ops;
+}
 
 }  // namespace opbridge::ort
 

@@ -1,10 +1,12 @@
 """opbridge: custom PyTorch operators that export to ONNX and run in ONNX Runtime.
 
-Importing opbridge loads the compiled ops (``torch.ops.opbridge.*``), registers
-their fake kernels and autograd formulas, and registers their ONNX export rules
-for the TorchScript-based exporter (``torch.onnx.export(..., dynamo=False)``).
-Use :func:`opbridge.onnx.export` to choose a lowering or to export with the
-dynamo exporter.
+Importing opbridge loads the compiled ops (``torch.ops.opbridge.*``), imports
+every op module (python/opbridge/ops/: wrappers, fake kernels, autograd,
+``nn.Module`` twins, ONNX lowerings) and mapping (python/opbridge/mappings/),
+and registers the export rules for both of torch's exporters: after it, plain
+``torch.onnx.export(...)`` exports opbridge's ops with the standard lowering
+(see :mod:`opbridge.onnx` to choose another). Nothing heavy is imported here:
+onnx, onnxscript and torchvision load when an export or a test needs them.
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ from . import _extension
 
 _C = _extension.load()
 
-# ops registers the fake kernels and autograd formulas; defs, the op specs.
-from . import defs, nn, onnx, ops  # noqa: E402, F401
-from .autograd import MyAddFunction  # noqa: E402
-from .ops import deform_conv2d, my_add  # noqa: E402
+from . import _slices, nn, onnx, ops  # noqa: E402, F401
 
+globals().update(_slices.public_names())
+_slices.mapping_modules()
 onnx._register()
 
 import opbridge_ort as ort  # noqa: E402
@@ -30,4 +31,7 @@ try:
     __version__ = _version("opbridge")
 except Exception:  # not installed as a distribution
     __version__ = "0.1.0"
-__all__ = ["MyAddFunction", "deform_conv2d", "my_add", "nn", "onnx", "ops", "ort"]
+
+# `from opbridge import *` gives the ops' functions and classes, not submodules that would shadow
+# the caller's own `nn` or `onnx`.
+__all__ = sorted(_slices.public_names())

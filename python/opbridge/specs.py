@@ -1,9 +1,16 @@
 """Op specs: each opbridge op declared once, with its ONNX lowerings per opset.
 
 From these specs come the legacy exporter's symbolics (opbridge.onnx._legacy),
-the dynamo exporter's custom_translation_table (opbridge.onnx._dynamo), the
-ONNX schemas of the custom nodes (opbridge.onnx._schemas) and the parity
-matrix (opbridge.parity). Adding an op means adding a spec here.
+the dynamo exporter's translations (opbridge.onnx._dynamo), the ONNX schemas of
+the custom nodes (opbridge.onnx._schemas), the parity matrix (opbridge.parity)
+and the docs' tables. An op's spec lives in its own module
+(``python/opbridge/ops/<op>.py``, or ``python/opbridge/mappings/<name>.py`` for
+export rules of ops that torch or torchvision own), which ``import opbridge``
+finds and imports: adding an op edits no list.
+
+This module imports nothing heavy (no onnx, onnxscript or torchvision): specs
+are declared at ``import opbridge``; what a lowering needs is imported when an
+export runs it.
 """
 
 from __future__ import annotations
@@ -82,7 +89,26 @@ class OpSpec:
     #: cell -> why it is expected not to run (e.g. ORT has no kernel), or None. Such a
     #: cell is still run; if it fails, the matrix shows n/a with this reason, not a failure.
     known_gaps: Callable[[Any], str | None] | None = None
+    #: whether the torch op can exist in this environment (e.g. torchvision's ops need a
+    #: torchvision whose compiled ops load); checked when the matrix or an export needs the op,
+    #: never at import. None: always.
+    available: Callable[[], bool] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def namespace(self) -> str:
+        return self.torch_op.split("::")[0]
+
+    def is_available(self) -> bool:
+        return self.available is None or bool(self.available())
+
+    def resolve_overload(self) -> Any | None:
+        """The torch OpOverload if its library is loaded, else None; never imports a library."""
+        namespace, name = self.torch_op.split("::")
+        try:
+            return getattr(getattr(torch.ops, namespace), name).default
+        except (AttributeError, RuntimeError):
+            return None
 
     @property
     def overload(self) -> Any:

@@ -11,28 +11,30 @@ or, with your own session options::
     options = opbridge_ort.session_options()      # or session_options(existing)
     session = onnxruntime.InferenceSession("model.onnx", options)
 
-The library (``library_path()``) registers the ``opbridge`` domain: MyAdd and
-DeformConv2d (v1; the latter with the inputs and attributes of ONNX DeformConv).
-It works with ONNX Runtime 1.16 and newer.
+The library (``library_path()``) registers the ``opbridge`` domain; ``ops()``
+lists its ops (e.g. MyAdd and DeformConv2d, the latter with the inputs and
+attributes of ONNX DeformConv), read from the library file itself. It works
+with ONNX Runtime 1.16 and newer.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import onnxruntime
 
-__all__ = ["DOMAIN", "OPS", "InferenceSession", "library_path", "session_options"]
+__all__ = ["DOMAIN", "OPS", "InferenceSession", "library_path", "ops", "session_options"]
 
 #: The ONNX domain of opbridge's custom ops.
 DOMAIN = "opbridge"
-#: The ops the library registers in that domain, with their opset version
-#: (tests/test_ort.py checks each against the library).
-OPS = {"MyAdd": 1, "DeformConv2d": 1}
 _LIBRARY_NAME = "libopbridge_ort.so"
+# Each op's C++ file leaves this marker in the library (OPBRIDGE_ORT_OP in cpp/ort/api.h).
+_OP_MARKER = re.compile(rb"opbridge-ort-op:([A-Za-z_][A-Za-z0-9_]*):([0-9]+)\x00")
 # Marks session options that already carry the library: registering it twice
 # would make ORT refuse the duplicate "opbridge" domain.
 _REGISTERED_KEY = "opbridge.custom_ops_library"
@@ -56,6 +58,25 @@ def library_path() -> str:
             "OPBRIDGE_ORT_LIBRARY to build/cpp/ort/libopbridge_ort.so."
         )
     return str(path.resolve())
+
+
+@functools.cache
+def _ops_of(path: str, modified: float) -> dict[str, int]:
+    return {m.group(1).decode(): int(m.group(2)) for m in _OP_MARKER.finditer(Path(path).read_bytes())}
+
+
+def ops(library: str | os.PathLike | None = None) -> dict[str, int]:
+    """The ops the library registers in the ``opbridge`` domain, with the domain version that
+    introduced each: read from the library file (default :func:`library_path`), without
+    loading it into a runtime and without importing onnxruntime."""
+    path = os.fspath(library) if library is not None else library_path()
+    return dict(_ops_of(path, os.path.getmtime(path)))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OPS":  # what ops() says of the installed library; read when first asked for
+        return ops()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _is_registered(options: onnxruntime.SessionOptions) -> bool:

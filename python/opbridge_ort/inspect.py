@@ -13,7 +13,7 @@ import collections
 import sys
 from dataclasses import dataclass
 
-from . import DOMAIN, OPS
+from . import DOMAIN, ops
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 FUNCTION_DOMAIN = "opbridge.functions"
@@ -52,6 +52,13 @@ def _schema_function_body(domain: str, op_type: str, opset: int) -> bool:
     return bool(schema.has_function or schema.has_context_dependent_function)
 
 
+def _library_ops() -> dict[str, int]:
+    try:
+        return ops()
+    except FileNotFoundError:  # the report says the library's ops are missing; _try_session says why
+        return {}
+
+
 def iter_nodes(graph):
     """Every node of ``graph``, including those of its subgraphs (If, Loop, Scan bodies)."""
     for node in graph.node:
@@ -84,13 +91,14 @@ def inspect_model(model) -> tuple[dict[str, int], list[OpReport]]:
             report.without_library = report.with_library = True
             report.how = "model-local ONNX function (inlined by the runtime)"
         elif domain == DOMAIN:
-            report.with_library = op_type in OPS and opset is not None and opset >= OPS[op_type]
+            library_ops = _library_ops()
+            report.with_library = op_type in library_ops and opset is not None and opset >= library_ops[op_type]
             report.how = "opbridge custom op" if report.with_library else "not in this opbridge library"
             report.advice = (
                 "load the opbridge library: opbridge_ort.InferenceSession(model) or "
                 "options.register_custom_ops_library(opbridge_ort.library_path())"
                 if report.with_library
-                else f"this opbridge library implements {', '.join(sorted(OPS))}; upgrade opbridge, or re-export "
+                else f"this opbridge library implements {', '.join(sorted(library_ops)) or 'no ops (library not found)'}; upgrade opbridge, or re-export "
                 "with lowering='standard'"
             )
         elif opset is not None and any(low <= opset <= high for low, high in ranges):

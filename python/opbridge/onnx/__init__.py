@@ -13,32 +13,50 @@ An op has a lowering of a kind only for some opsets; asking for one it lacks
 raises :class:`LoweringError` naming what exists. Ops that opbridge maps but has
 no lowering of the requested kind for (e.g. ATen ops, which have only standard
 lowerings) use their standard lowering instead.
+
+After ``import opbridge``, plain ``torch.onnx.export`` (either exporter) knows
+every op and mapping, with the standard lowering. Choose another for a block
+of code or for the whole process::
+
+    with opbridge.onnx.lowering("custom"):
+        torch.onnx.export(model, args, "model.onnx")
+
+    opbridge.onnx.set_default_lowering("custom")
 """
 
 from __future__ import annotations
 
 import io
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import onnx
 import torch
 
 from .. import specs
 from ..specs import LOWERING_KINDS, LoweringError
-from . import _dynamo, _legacy, _schemas, functions
+from . import _dynamo, _legacy, _torch_hooks, functions
 from ._dynamo import translation_table
+from ._schemas import register_schemas
+from ._state import current_lowering, lowering, set_default_lowering
+from ._state import lowering as _lowering_block  # export() has an argument named lowering
 from .builder import DynamoBuilder, LegacyBuilder
 from .mapping import register_mapping
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "LOWERING_KINDS",
     "DynamoBuilder",
     "LegacyBuilder",
     "LoweringError",
+    "current_lowering",
     "export",
     "functions",
+    "lowering",
     "register_mapping",
+    "register_schemas",
+    "set_default_lowering",
     "supported_opsets",
     "translation_table",
 ]
@@ -63,6 +81,11 @@ def export(
 ) -> onnx.ModelProto:
     """Export ``model`` to ONNX with opbridge's ops lowered as ``lowering`` asks.
 
+    Plain ``torch.onnx.export`` works too after ``import opbridge`` (see the module
+    docstring); this function adds the lowering as an argument, opset checks with
+    clear messages, legacy-style ``dynamic_axes`` for the dynamo exporter, and
+    returns the model.
+
     Args:
         model, args: as for ``torch.onnx.export``.
         f: where to write the model (path or binary file object); None writes nothing.
@@ -70,7 +93,7 @@ def export(
             See :func:`supported_opsets`.
         dynamo: True for the dynamo exporter (torch's default), False for the
             TorchScript-based one.
-        lowering: ``"standard"`` or ``"custom"`` (see the module docstring).
+        lowering: ``"standard"``, ``"custom"`` or ``"function"`` (see the module docstring).
         **kwargs: passed on to ``torch.onnx.export`` (``input_names``,
             ``output_names``, ``dynamic_axes``, ``dynamic_shapes``, ...).
 
@@ -93,11 +116,10 @@ def export(
             f"opset_version={opset_version} is outside what the {exporter} exporter produces with torch "
             f"{torch.__version__}: {supported.start}..{supported.stop - 1}. {hint}".rstrip()
         )
-    if dynamo:
-        model_proto = _export_dynamo(model, args, f, opset_version, lowering, kwargs)
-    else:
-        model_proto = _export_legacy(model, args, f, opset_version, lowering, kwargs)
-    return model_proto
+    with _lowering_block(lowering):
+        if dynamo:
+            return _export_dynamo(model, args, f, opset_version, lowering, kwargs)
+        return _export_legacy(model, args, f, opset_version, lowering, kwargs)
 
 
 def _export_legacy(model, args, f, opset_version, lowering, kwargs) -> onnx.ModelProto:
@@ -105,9 +127,10 @@ def _export_legacy(model, args, f, opset_version, lowering, kwargs) -> onnx.Mode
         kwargs["custom_opsets"] = {specs.CUSTOM_DOMAIN: specs.CUSTOM_DOMAIN_VERSION, **kwargs.get("custom_opsets", {})}
     elif lowering == "function":
         kwargs["custom_opsets"] = {specs.FUNCTION_DOMAIN: 1, **kwargs.get("custom_opsets", {})}
+    import onnx
+
     buffer = io.BytesIO()
-    with _legacy.lowering_scope(lowering):
-        torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset_version, **kwargs)
+    torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset_version, **kwargs)
     model_proto = functions.attach(onnx.load_from_string(buffer.getvalue()))
     _write(model_proto, f)
     return model_proto
@@ -168,6 +191,8 @@ def _dynamic_axes_to_shapes(args, input_names, output_names, dynamic_axes) -> tu
 
 
 def _write(model_proto: onnx.ModelProto, f) -> None:
+    import onnx
+
     if f is None:
         return
     if isinstance(f, (str, os.PathLike)):
@@ -177,6 +202,7 @@ def _write(model_proto: onnx.ModelProto, f) -> None:
 
 
 def _register() -> None:
-    """Called once by ``import opbridge``, after the op specs are defined."""
-    _schemas.register_schemas()
+    """Called once by ``import opbridge``, after the op specs are defined: the legacy
+    exporter's symbolics now (cheap), the dynamo exporter's rules when torch loads it."""
     _legacy.register_symbolics()
+    _torch_hooks.install()

@@ -1,5 +1,10 @@
 """Export rules for the dynamo exporter (torch.onnx.export(..., dynamo=True)):
-a custom_translation_table built from the op specs."""
+translations built from the op specs.
+
+``import opbridge`` makes plain ``torch.onnx.export(..., dynamo=True)`` use them
+(see opbridge.onnx._torch_hooks); :func:`translation_table` gives them as a
+``custom_translation_table`` for an explicit export.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,9 @@ from .builder import dynamo_translation
 
 #: The lowest opset the dynamo exporter produces (it builds at 18 and converts up).
 MIN_OPSET = 18
+#: Namespaces whose ops torch's dynamo exporter translates itself (many of them): where an
+#: opbridge mapping of such an op has no lowering, torch's own rule applies.
+TORCH_TRANSLATES = ("aten", "prims", "torchvision")
 
 
 def max_opset() -> int:
@@ -29,22 +37,29 @@ def _unsupported(error: specs.LoweringError) -> Callable:
     return translation
 
 
-def translation_table(lowering: str = "standard", opset_version: int = MIN_OPSET) -> dict:
-    """``custom_translation_table`` entries for every opbridge op.
+def translation_table(lowering: str | None = None, opset_version: int = MIN_OPSET) -> dict:
+    """``custom_translation_table`` entries for every opbridge op and mapping.
 
-    Pass it to ``torch.onnx.export(..., dynamo=True, custom_translation_table=...)``
-    yourself, or let :func:`opbridge.onnx.export` do it. An op with no lowering
-    of that kind at that opset gets an entry that fails with a clear error if the
-    model uses the op.
+    ``lowering`` defaults to the current one (:func:`opbridge.onnx.lowering`).
+    Pass the table to ``torch.onnx.export(..., dynamo=True, custom_translation_table=...)``
+    yourself, or let :func:`opbridge.onnx.export` (or plain ``torch.onnx.export``
+    after ``import opbridge``) do it. An opbridge op with no lowering of that kind
+    at that opset gets an entry that fails with a clear error if the model uses
+    it; a mapping of an op torch already exports (e.g. ``aten::*``) with no
+    lowering there gets no entry, so torch's own rule applies.
     """
+    from ._state import current_lowering
+
+    kind = lowering or current_lowering()
+    opset = max(opset_version, MIN_OPSET)  # the exporter builds at >= 18 and converts down
     table = {}
     for spec in specs.all_specs():
-        try:
-            overload = spec.overload
-        except (AttributeError, RuntimeError):  # e.g. torchvision's ops where torchvision is absent
+        overload = spec.resolve_overload()  # None: e.g. torchvision's ops where torchvision is not loaded
+        if overload is None:
             continue
         try:
-            table[overload] = dynamo_translation(spec.lowering(lowering, opset_version).build, opset_version)
+            table[overload] = dynamo_translation(spec.lowering(kind, opset).build, opset)
         except specs.LoweringError as error:
-            table[overload] = _unsupported(error)
+            if spec.namespace not in TORCH_TRANSLATES:  # nobody else can export the op: say why not
+                table[overload] = _unsupported(error)
     return table

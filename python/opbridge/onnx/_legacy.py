@@ -1,40 +1,23 @@
 """Export rules for the TorchScript-based exporter (torch.onnx.export(..., dynamo=False)).
 
-One symbolic per op is registered with torch.onnx.register_custom_op_symbolic;
-it picks the spec's lowering for the opset being exported and for the lowering
-kind chosen by opbridge.onnx.export (``standard`` for a plain torch.onnx.export).
+One symbolic per op is registered with torch.onnx.register_custom_op_symbolic
+(public, and cheap: ``import opbridge`` does it); it picks the spec's lowering
+for the opset being exported and the current lowering kind
+(:func:`opbridge.onnx.lowering`, ``standard`` by default).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
 from .. import specs
+from ._state import current_lowering
 from .builder import LegacyBuilder
 
-# The legacy exporter gives symbolics no way to receive options, so the lowering
-# chosen for the export in progress travels in a thread-local.
-_state = threading.local()
 #: The lowest opset the TorchScript-based exporter accepts.
 MIN_OPSET = 7
-
-
-@contextlib.contextmanager
-def lowering_scope(kind: str) -> Iterator[None]:
-    previous = getattr(_state, "lowering", None)
-    _state.lowering = kind
-    try:
-        yield
-    finally:
-        _state.lowering = previous
-
-
-def current_lowering() -> str:
-    return getattr(_state, "lowering", None) or "standard"
 
 
 def symbolic_for(name: str) -> Callable:

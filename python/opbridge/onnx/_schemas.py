@@ -6,21 +6,41 @@ custom domain, and onnx.checker uses it to validate exported models.
 
 from __future__ import annotations
 
-import onnx
-from onnx.defs import OpSchema
+import threading
 
 from .. import specs
+from . import functions
 
-_ATTRIBUTE_TYPES = {
-    "int": OpSchema.AttrType.INT,
-    "ints": OpSchema.AttrType.INTS,
-    "float": OpSchema.AttrType.FLOAT,
-    "floats": OpSchema.AttrType.FLOATS,
-    "string": OpSchema.AttrType.STRING,
-}
+_lock = threading.Lock()
+_done_for: tuple[int, int] | None = None  # (specs, functions) already registered
 
 
 def register_schemas() -> None:
+    """Registers the schemas of every custom node and function call (idempotent; imports onnx).
+
+    Called by the exporters' builders, so the schemas exist before a node is emitted,
+    and after any op or mapping registered late."""
+    global _done_for
+    counts = (len(specs.all_specs()), len(functions._FUNCTIONS))
+    if counts == _done_for:
+        return
+    import onnx
+    from onnx.defs import OpSchema
+
+    attribute_types = {
+        "int": OpSchema.AttrType.INT,
+        "ints": OpSchema.AttrType.INTS,
+        "float": OpSchema.AttrType.FLOAT,
+        "floats": OpSchema.AttrType.FLOATS,
+        "string": OpSchema.AttrType.STRING,
+    }
+    functions.register_schemas()
+    with _lock:
+        _register_custom_nodes(onnx, OpSchema, attribute_types)
+        _done_for = counts
+
+
+def _register_custom_nodes(onnx, OpSchema, attribute_types) -> None:
     for spec in specs.all_specs():
         node = spec.custom_node
         if node is None or onnx.defs.has(node.op_type, specs.CUSTOM_DOMAIN):
@@ -42,7 +62,7 @@ def register_schemas() -> None:
                     for name in node.inputs
                 ],
                 attributes=[
-                    OpSchema.Attribute(name, _ATTRIBUTE_TYPES[kind], "", required=False)
+                    OpSchema.Attribute(name, attribute_types[kind], "", required=False)
                     for name, kind in node.attributes
                 ],
                 outputs=[OpSchema.FormalParameter(name, "T") for name in node.outputs],

@@ -43,6 +43,9 @@ class LegacyBuilder:
     exporter = "legacy"
 
     def __init__(self, g) -> None:
+        from ._schemas import register_schemas
+
+        register_schemas()  # so that onnx.checker knows the custom nodes of the exported model
         self.g = g
         self.opset: int = g.opset
 
@@ -125,6 +128,9 @@ class DynamoBuilder:
     def __init__(self, opset: int) -> None:
         import onnxscript
 
+        from ._schemas import register_schemas
+
+        register_schemas()  # onnxscript needs the schema of a custom node to emit it
         self.opset = opset
         self._onnxscript = onnxscript
         # The exporter builds its graph at opset 18 and converts it to the target

@@ -1,10 +1,16 @@
-// torch adapter of kernels/my_add.h: checks, output allocation, thread pool.
+// opbridge::my_add(a, b) = 2 * a + b: the op's schema (the contract that its
+// fake kernel, autograd and export rules in python/opbridge/ops/my_add.py
+// follow), its CPU adapter of kernels/my_add.h, and its pybind11 binding.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "kernels/my_add.h"
+#include "torch/python_bindings.h"
+
+TORCH_LIBRARY_FRAGMENT(opbridge, m) { m.def("my_add(Tensor a, Tensor b) -> Tensor"); }
 
 #ifdef __linux__
 #include <sys/mman.h>
@@ -75,8 +81,25 @@ at::Tensor my_add_cpu(const at::Tensor& a, const at::Tensor& b) {
   return out;
 }
 
+// The tutorial's pybind11 function. It calls the registered op rather than the
+// kernel: the dispatcher routes to the same CPU kernel, and tracers
+// (torch.jit.trace for the legacy ONNX exporter, torch.export for the dynamo
+// one) record the call as opbridge::my_add; a direct kernel call would be
+// recorded as a constant.
+at::Tensor my_add_python(const at::Tensor& a, const at::Tensor& b) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("opbridge::my_add", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op.call(a, b);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(opbridge, CPU, m) { m.impl("my_add", &my_add_cpu); }
+
+OPBRIDGE_PYTHON_BINDING(my_add, module) {
+  module.def("my_add", &my_add_python, pybind11::arg("a"), pybind11::arg("b"),
+             "my_add(a, b) -> Tensor\n\nReturns 2 * a + b (broadcasting; float32, float64 or float16; CPU).");
+}
 
 }  // namespace opbridge

@@ -1,5 +1,6 @@
-// torch adapter of kernels/deform_conv2d.h, with torchvision.ops.deform_conv2d's
-// signature: groups and offset groups follow from the shapes.
+// opbridge::deform_conv2d: the op's schema (torchvision.ops.deform_conv2d's
+// signature and semantics; groups and offset groups follow from the shapes) and
+// its CPU adapter of kernels/deform_conv2d.h.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -10,6 +11,12 @@
 #include <optional>
 
 #include "kernels/deform_conv2d.h"
+
+TORCH_LIBRARY_FRAGMENT(opbridge, m) {
+  m.def(
+      "deform_conv2d(Tensor input, Tensor offset, Tensor weight, Tensor? bias=None, int[2] stride=1, "
+      "int[2] padding=0, int[2] dilation=1, Tensor? mask=None) -> Tensor");
+}
 
 namespace opbridge {
 namespace {

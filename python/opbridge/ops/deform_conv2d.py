@@ -1,4 +1,9 @@
-"""Deformable convolution: opbridge::deform_conv2d and torchvision::deform_conv2d.
+"""Deformable convolution: opbridge::deform_conv2d, and the export rules of torchvision::deform_conv2d.
+
+The op's pieces, each named after it: the kernel (cpp/kernels/deform_conv2d.h),
+its schema and CPU adapter (cpp/torch/deform_conv2d.cpp), its ORT adapter
+(cpp/ort/deform_conv2d.cc), and this module: the Python wrapper (torchvision's
+signature and semantics), fake kernel, ``nn.Module`` twin, lowerings and specs.
 
 Both torch ops lower the same three ways:
 
@@ -12,12 +17,125 @@ Both torch ops lower the same three ways:
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from .. import specs
 from ..specs import LoweringError
+
+#: Public names: ``opbridge.<name>``; ``NN_MODULES`` go to ``opbridge.nn``.
+__all__ = ["deform_conv2d"]
+NN_MODULES = ["DeformConv2d"]
+
+
+# --- torch ---------------------------------------------------------------------------------------------------------
+
+
+def _pair(value, name: str) -> list[int]:
+    if isinstance(value, int):
+        return [value, value]
+    values = [int(v) for v in value]
+    if len(values) != 2:
+        raise ValueError(f"opbridge.deform_conv2d: {name} must be an int or a pair of ints, got {value!r}")
+    return values
+
+
+def deform_conv2d(
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride=(1, 1),
+    padding=(0, 0),
+    dilation=(1, 1),
+    mask: Tensor | None = None,
+) -> Tensor:
+    """Deformable convolution v1 (``mask=None``) and v2: ``torch.ops.opbridge.deform_conv2d``.
+
+    Same signature and semantics as ``torchvision.ops.deform_conv2d``:
+
+    Args:
+        input: ``[N, C_in, H, W]``.
+        offset: ``[N, 2 * offset_groups * kh * kw, H_out, W_out]``, (dy, dx) per kernel tap.
+        weight: ``[C_out, C_in / groups, kh, kw]``; ``groups`` follows from the shapes.
+        bias: ``[C_out]`` or None.
+        stride, padding, dilation: an int or a pair (height, width).
+        mask: ``[N, offset_groups * kh * kw, H_out, W_out]`` or None.
+
+    float32 or float64, CPU. Exports to ONNX ``DeformConv`` (opset >= 19), to standard
+    ops below that, or to one ``opbridge::DeformConv2d`` node (see opbridge.onnx.export).
+    Not differentiable (forward only).
+    """
+    return torch.ops.opbridge.deform_conv2d(
+        input,
+        offset,
+        weight,
+        bias,
+        _pair(stride, "stride"),
+        _pair(padding, "padding"),
+        _pair(dilation, "dilation"),
+        mask,
+    )
+
+
+@torch.library.register_fake("opbridge::deform_conv2d")
+def _deform_conv2d_fake(input, offset, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), mask=None):
+    # Defaults as in the schema: tracers drop trailing arguments left at their defaults.
+    stride, padding, dilation = (
+        _pair(v, n) for v, n in ((stride, "stride"), (padding, "padding"), (dilation, "dilation"))
+    )
+    torch._check(
+        input.dim() == 4 and weight.dim() == 4 and offset.dim() == 4,
+        lambda: (
+            "opbridge::deform_conv2d: input, weight and offset must be 4-D, got shapes "
+            f"{tuple(input.shape)}, {tuple(weight.shape)} and {tuple(offset.shape)}"
+        ),
+    )
+    for name, tensor in (("offset", offset), ("weight", weight), ("bias", bias), ("mask", mask)):
+        torch._check(
+            tensor is None or tensor.dtype == input.dtype,
+            lambda name=name, tensor=tensor: (
+                f"opbridge::deform_conv2d: {name} must have the dtype of input ({input.dtype}), got {tensor.dtype}"
+            ),
+        )
+    kernel_h, kernel_w = weight.shape[2], weight.shape[3]
+    out_h = (input.shape[2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
+    out_w = (input.shape[3] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
+    return input.new_empty((input.shape[0], weight.shape[0], out_h, out_w))
+
+
+class DeformConv2d(torch.nn.Module):
+    """``torchvision.ops.DeformConv2d``'s twin over :func:`opbridge.deform_conv2d`.
+
+    ``forward(input, offset, mask=None)``; the offset (and mask) usually come
+    from a regular convolution of the input.
+    """
+
+    def __init__(
+        self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
+        bias: bool = True,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}")
+        kernel = _pair(kernel_size, "kernel_size")
+        self.stride, self.padding, self.dilation = stride, padding, dilation
+        self.weight = torch.nn.Parameter(torch.empty(out_channels, in_channels // groups, *kernel))
+        self.bias = torch.nn.Parameter(torch.empty(out_channels)) if bias else None
+        torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.weight[0].numel())
+            torch.nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: torch.Tensor, offset: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return deform_conv2d(input, offset, self.weight, self.bias, self.stride, self.padding, self.dilation, mask)
+
+
+# --- ONNX ---------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -42,7 +160,7 @@ class Attributes:
         }
 
 
-def _pair(value) -> list[int]:
+def _ints(value) -> list[int]:
     return [int(value), int(value)] if isinstance(value, int) else [int(v) for v in value]
 
 
@@ -211,7 +329,7 @@ def _opbridge_args(b, x, offset, weight, bias=None, stride=1, padding=0, dilatio
     # Defaults as in the schema: the dynamo exporter drops trailing arguments left at their defaults.
     bias = None if b.is_none(bias) else bias
     mask = None if b.is_none(mask) else mask
-    stride, padding, dilation = (_pair(b.value(v, "is")) for v in (stride, padding, dilation))
+    stride, padding, dilation = (_ints(b.value(v, "is")) for v in (stride, padding, dilation))
     return x, weight, offset, bias, mask, _attributes(b, x, weight, offset, stride, padding, dilation)
 
 
@@ -263,8 +381,6 @@ class _DeformModel(torch.nn.Module):
             import torchvision
 
             return torchvision.ops.deform_conv2d(x, offset, self.weight, self.bias, padding=1, mask=mask)
-        from ..ops import deform_conv2d
-
         return deform_conv2d(x, offset, self.weight, self.bias, padding=1, mask=mask)
 
 
@@ -290,6 +406,7 @@ def _known_gaps(cell) -> str | None:
     return None
 
 
+@functools.cache
 def _torchvision_ops_load() -> bool:
     try:
         import torchvision  # noqa: F401
@@ -350,7 +467,9 @@ specs.register(
         torch_op="torchvision::deform_conv2d",
         doc="torchvision's deformable convolution",
         lowerings=_lowerings(_torchvision_args),
-        call_paths={"torchvision": lambda: _DeformModel(use_torchvision=True)} if _torchvision_ops_load() else {},
+        call_paths={"torchvision": lambda: _DeformModel(use_torchvision=True)},
+        # Checked when the matrix needs it, not at import: importing torchvision costs a second.
+        available=_torchvision_ops_load,
         **{**_COMMON, "custom_node": None, "known_gaps": _torchvision_gaps},
     )
 )

@@ -1,0 +1,242 @@
+"""The private hooks into torch.onnx's dynamo exporter, in one place.
+
+torch offers no public way to add export rules for every dynamo export
+(``custom_translation_table`` is an argument of each call), so that plain
+``torch.onnx.export(..., dynamo=True)`` knows opbridge's ops after
+``import opbridge``, one private function is wrapped:
+
+* ``torch.onnx._internal.exporter._compat.export_compat`` (what
+  ``torch.onnx.export(dynamo=True)`` calls on torch 2.6 .. 2.15): opbridge's
+  translations for the export's opset and the current lowering
+  (:func:`opbridge.onnx.lowering`) are merged into its
+  ``custom_translation_table``, the caller's own entries winning.
+
+Two more wrappers only save time; without them exports are slower, not different:
+
+* ``ONNXRegistry.from_torchlib`` re-parses ~500 onnxscript functions from
+  source on every export (~0.7 s): it is built once per opset and copied;
+* ``_decomp.create_onnx_friendly_decomposition_table`` is computed once per
+  set of translated ops (and per size of torch's decomposition tables).
+
+Nothing is imported here until torch imports those modules itself (a
+post-import hook), so ``import opbridge`` stays light. If a future torch moves
+``export_compat``, a warning says so and what to do instead;
+tests/test_torch_hooks.py fails on that torch, and the matrix runs it on every
+supported torch (``nox -t matrix``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import inspect
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from types import ModuleType
+
+COMPAT = "torch.onnx._internal.exporter._compat"
+REGISTRATION = "torch.onnx._internal.exporter._registration"
+DECOMPOSITION = "torch.onnx._internal.exporter._decomp"
+
+#: hook name -> "installed" / "pending" (torch has not imported the module yet) / why it is missing
+status: dict[str, str] = {}
+_pending: dict[str, list[Callable[[ModuleType], None]]] = {}
+_lock = threading.Lock()
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs callbacks right after torch imports one of the watched modules."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in _pending:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            with _lock:
+                callbacks = _pending.pop(fullname, [])
+            for callback in callbacks:
+                callback(module)
+
+        spec.loader.exec_module = exec_module  # this module's own loader object
+        return spec
+
+
+_FINDER = _PostImportFinder()
+
+
+def _when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
+    with _lock:
+        module = sys.modules.get(name)
+        if module is None:
+            _pending.setdefault(name, []).append(callback)
+            if _FINDER not in sys.meta_path:
+                sys.meta_path.insert(0, _FINDER)
+            return
+    callback(module)
+
+
+def install() -> None:
+    """Called once by ``import opbridge``."""
+    for name, patch in ((COMPAT, _patch_export), (REGISTRATION, _patch_registry), (DECOMPOSITION, _patch_decomp)):
+        status.setdefault(name, "pending")
+        _when_imported(name, patch)
+
+
+def _missing(name: str, what: str, consequence: str) -> None:
+    import torch
+
+    status[name] = f"missing: {what}"
+    if consequence:
+        warnings.warn(
+            f"opbridge cannot hook into torch {torch.__version__}'s dynamo exporter ({what}). {consequence}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+# --- the export rules --------------------------------------------------------------------------------------------
+
+
+def _patch_export(module: ModuleType) -> None:
+    original = getattr(module, "export_compat", None)
+    try:
+        signature = inspect.signature(original)
+        parameters = signature.parameters
+        usable = "custom_translation_table" in parameters and "opset_version" in parameters
+    except (TypeError, ValueError):
+        usable = False
+    if not usable:
+        _missing(
+            COMPAT,
+            f"{COMPAT}.export_compat with custom_translation_table and opset_version not found",
+            "Plain torch.onnx.export(..., dynamo=True) will not know opbridge's ops: use "
+            "opbridge.onnx.export(...), or pass custom_translation_table=opbridge.onnx.translation_table(lowering, "
+            "opset) to torch.onnx.export.",
+        )
+        return
+    if getattr(original, "__opbridge_wrapped__", False):
+        return
+    # torch 2.6 defaults opset_version to None, meaning torchlib's opset (18); later ones to their default opset.
+    default_opset = parameters["opset_version"].default
+
+    @functools.wraps(original)
+    def export_compat(*args, **kwargs):
+        from ._dynamo import translation_table
+        from ._state import current_lowering
+
+        bound = signature.bind(*args, **kwargs)
+        opset = bound.arguments.get("opset_version", default_opset)
+        if opset is None:
+            opset = default_opset if default_opset is not None else 18
+        table = translation_table(None, opset)
+        table.update(bound.arguments.get("custom_translation_table") or {})  # the caller's entries win
+        bound.arguments["custom_translation_table"] = table
+        if current_lowering() != "function":
+            return original(*bound.args, **bound.kwargs)
+        # Function calls need their definitions in the model before torch saves it.
+        destination = bound.arguments.pop("f", None)
+        program = original(*bound.args, **bound.kwargs)
+        _attach_functions(program)
+        if destination is not None:
+            _save_like_torch(program, destination, bound.arguments)
+        return program
+
+    export_compat.__opbridge_wrapped__ = True
+    module.export_compat = export_compat
+    status[COMPAT] = "installed"
+
+
+def _attach_functions(program) -> None:
+    """Adds the definitions of the opbridge functions the program's model calls."""
+    import importlib
+
+    from . import functions
+
+    model_proto = program.model_proto
+    before = len(model_proto.functions)
+    functions.attach(model_proto)
+    if len(model_proto.functions) != before:
+        # The program keeps an IR model (onnx_ir, or onnxscript.ir on older torch): rebuild it from the proto.
+        serde = importlib.import_module(type(program.model).__module__.rsplit(".", 1)[0] + ".serde")
+        program.model = serde.deserialize_model(model_proto)
+
+
+def _save_like_torch(program, destination, arguments: dict) -> None:
+    if isinstance(destination, (str, os.PathLike)):
+        program.save(
+            destination,
+            include_initializers=arguments.get("export_params", True),
+            keep_initializers_as_inputs=arguments.get("keep_initializers_as_inputs", False),
+            external_data=arguments.get("external_data", True),
+        )
+    else:  # a binary file object, which torch accepts (deprecated)
+        destination.write(program.model_proto.SerializeToString())
+
+
+# --- time savers -------------------------------------------------------------------------------------------------
+
+
+def _patch_registry(module: ModuleType) -> None:
+    registry_class = getattr(module, "ONNXRegistry", None)
+    original = registry_class.__dict__.get("from_torchlib") if registry_class is not None else None
+    if not isinstance(original, classmethod) or getattr(original.__func__, "__opbridge_wrapped__", False):
+        if not isinstance(original, classmethod):
+            _missing(REGISTRATION, "ONNXRegistry.from_torchlib not found; exports are slower", "")
+        return
+    build = original.__func__
+    built: dict = {}
+
+    @functools.wraps(build)
+    def from_torchlib(cls, *args, **kwargs):
+        key = (cls, args, tuple(sorted(kwargs.items())))
+        with _lock:
+            base = built.get(key)
+        if base is None:
+            base = build(cls, *args, **kwargs)
+            with _lock:
+                built[key] = base
+        # A copy: every export registers its own custom translations into the registry it gets.
+        registry = cls.__new__(cls)
+        registry.__dict__.update(base.__dict__)
+        registry.functions = {target: list(decompositions) for target, decompositions in base.functions.items()}
+        return registry
+
+    from_torchlib.__opbridge_wrapped__ = True
+    registry_class.from_torchlib = classmethod(from_torchlib)
+    status[REGISTRATION] = "installed"
+
+
+def _patch_decomp(module: ModuleType) -> None:
+    original = getattr(module, "create_onnx_friendly_decomposition_table", None)
+    if original is None or getattr(original, "__opbridge_wrapped__", False):
+        if original is None:
+            _missing(DECOMPOSITION, "create_onnx_friendly_decomposition_table not found; exports are slower", "")
+        return
+    computed: dict = {}
+
+    @functools.wraps(original)
+    def create_onnx_friendly_decomposition_table(onnx_registered_ops):
+        import torch
+
+        # New decompositions, or op libraries loaded since, change the table: they are part of the key.
+        key = (frozenset(onnx_registered_ops), len(torch._decomp.decomposition_table), len(torch.ops.loaded_libraries))
+        with _lock:
+            table = computed.get(key)
+        if table is None:
+            table = original(onnx_registered_ops)
+            with _lock:
+                computed[key] = table
+        return dict(table)
+
+    create_onnx_friendly_decomposition_table.__opbridge_wrapped__ = True
+    module.create_onnx_friendly_decomposition_table = create_onnx_friendly_decomposition_table
+    status[DECOMPOSITION] = "installed"
