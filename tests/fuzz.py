@@ -36,7 +36,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))  # the numpy reference lives in ort_smoke.py
+    sys.path.insert(0, str(HERE))  # the numpy reference lives in ort_cases/deform_conv2d.py
 ORT_TARGETS = ["ort.MyAdd", "ort.DeformConv2d"]
 TORCH_TARGETS = ["torch.my_add", "torch.deform_conv2d"]
 HUGE = [2**31 - 1, 2**31, 2**32 + 1, 2**62, 2**63 - 1]
@@ -289,7 +289,7 @@ def deform_arrays(rng, cfg) -> dict | None:
 
 
 def deform_reference(arrays, attributes):
-    from ort_smoke import deform_conv2d_reference  # on sys.path once, at import
+    from ort_cases.deform_conv2d import deform_conv2d_reference  # on sys.path once, at import
 
     x, w, offset = arrays["X"], arrays["W"], arrays["offset"]
     if x.shape[0] == 0:  # an empty batch: an empty output

@@ -19,7 +19,8 @@ import numpy as np
 import onnxruntime
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ort_smoke import deform_model, my_add_model
+from ort_cases.deform_conv2d import deform_model
+from ort_cases.my_add import my_add_model
 
 
 def main(argv: list[str]) -> int:

@@ -11,7 +11,7 @@ import torch
 
 import opbridge
 import opbridge_ort
-from ort_smoke import deform_conv2d_reference
+from ort_cases.deform_conv2d import deform_conv2d_reference
 
 
 def _torchvision_ops():

@@ -31,7 +31,7 @@ def test_ort_smoke_checks_without_torch(tmp_path):
 def test_importing_opbridge_ort_does_not_import_torch(tmp_path):
     script = (
         "import sys, numpy as np, opbridge_ort\n"
-        "from ort_smoke import my_add_model\n"
+        "from ort_cases.my_add import my_add_model\n"
         "s = opbridge_ort.InferenceSession(my_add_model(np.float32, [2], [2]))\n"
         "(c,) = s.run(None, {'A': np.ones(2, np.float32), 'B': np.ones(2, np.float32)})\n"
         "assert (c == 3).all()\n"
@@ -54,7 +54,7 @@ def test_library_path_and_session_options():
     assert opbridge_ort.session_options(options) is options
     sys.path.insert(0, str(TESTS))
     try:
-        from ort_smoke import my_add_model
+        from ort_cases.my_add import my_add_model
     finally:
         sys.path.remove(str(TESTS))
     session = onnxruntime.InferenceSession(my_add_model(np.float64, [3], [1]), options)
@@ -67,7 +67,7 @@ def test_inference_session_accepts_path_bytes_and_proto(tmp_path):
 
     sys.path.insert(0, str(TESTS))
     try:
-        from ort_smoke import my_add_model
+        from ort_cases.my_add import my_add_model
     finally:
         sys.path.remove(str(TESTS))
     data = my_add_model(np.float32, ["n"], ["n"])
@@ -89,7 +89,7 @@ def test_missing_library_says_what_to_do(monkeypatch, tmp_path):
 def test_intra_op_threads(threads):
     sys.path.insert(0, str(TESTS))
     try:
-        from ort_smoke import my_add_model
+        from ort_cases.my_add import my_add_model
     finally:
         sys.path.remove(str(TESTS))
     options = onnxruntime.SessionOptions()
@@ -119,7 +119,7 @@ def test_deform_conv2d_honours_intra_op_num_threads():
     calling thread; with 2, a second thread does a real share of it. Checked by per-thread CPU time."""
     sys.path.insert(0, str(TESTS))
     try:
-        from ort_smoke import deform_model
+        from ort_cases.deform_conv2d import deform_model
     finally:
         sys.path.remove(str(TESTS))
     rng = np.random.default_rng(0)

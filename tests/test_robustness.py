@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -17,7 +18,8 @@ import opbridge_ort
 
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))
-from ort_smoke import _deform_case, deform_model, my_add_model  # noqa: E402
+from ort_cases.deform_conv2d import deform_case, deform_model  # noqa: E402
+from ort_cases.my_add import my_add_model  # noqa: E402
 
 THREADS = 8
 
@@ -51,7 +53,7 @@ def rss_bytes() -> int:
 
 def test_one_session_from_eight_threads_gives_identical_results():
     rng = np.random.default_rng(0)
-    feeds, attributes = _deform_case(rng, np.float32)
+    feeds, attributes = deform_case(rng, np.float32)
     deform = opbridge_ort.InferenceSession(deform_model(np.float32, **attributes))
     my_add = opbridge_ort.InferenceSession(my_add_model(np.float32, None, None))
     a, b = rng.standard_normal((64, 1000), dtype=np.float32), rng.standard_normal(1000, dtype=np.float32)
@@ -106,7 +108,7 @@ def test_a_thousand_sessions_and_runs_leave_memory_flat():
     """Session create/run/destroy with the library registered, then repeated runs: RSS must not grow with
     the count. Measured between the 200th and the 1000th session, so allocator warm-up is not counted."""
     rng = np.random.default_rng(1)
-    feeds, attributes = _deform_case(rng, np.float32)
+    feeds, attributes = deform_case(rng, np.float32)
     model = deform_model(np.float32, **attributes)
 
     def create_and_run(count):
@@ -157,7 +159,7 @@ def test_fuzz_detects_a_crash(tmp_path):
         "        import ctypes; ctypes.string_at(0)\n",
     )
     script.write_text(source)
-    (tmp_path / "ort_smoke.py").write_text((TESTS / "ort_smoke.py").read_text())
+    shutil.copytree(TESTS / "ort_cases", tmp_path / "ort_cases")  # the numpy reference the fuzzer imports
     report = tmp_path / "fuzz.json"
     result = subprocess.run(
         [sys.executable, str(script), "--cases", "6", "--targets", "ort.MyAdd", "--json", str(report)],

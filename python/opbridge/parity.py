@@ -6,12 +6,21 @@ another batch size than exported).
 Cells come from the op specs (opbridge.specs), so a new op is covered by adding
 its spec. ``python -m opbridge parity --help`` runs it; ``nox -s parity`` is the
 main job.
+
+Every cell exports the way a user does after ``import opbridge``: plain
+``torch.onnx.export`` inside ``opbridge.onnx.lowering(kind)`` (the one
+exception: the TorchScript-based exporter's ``function`` lowering, whose
+functions only :func:`opbridge.onnx.export` can attach). Cells run in worker
+processes, grouped by (op, call path, exporter, dtype) so that what an export
+builds once per process (torch's ONNX registry per opset, the decomposition
+tables) is shared by many cells; the largest groups start first.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import io
 import json
 import os
 import sys
@@ -111,6 +120,8 @@ def cells(
     for spec in specs.all_specs():
         if ops is not None and spec.name not in set(ops):
             continue
+        if spec.call_paths and not spec.is_available():  # e.g. torchvision's ops do not load here
+            continue
         for path in spec.call_paths:
             if paths is not None and path not in set(paths):
                 continue
@@ -142,8 +153,6 @@ def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> Su
 
     import opbridge_ort
 
-    from . import onnx as opbridge_onnx
-
     dtype = next(d for d in spec.dtypes if _DTYPE_NAMES[d] == cell.dtype)
     module = spec.call_paths[cell.path]().eval()
     if dtype.is_floating_point:
@@ -171,10 +180,7 @@ def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> Su
     with warnings.catch_warnings():
         # The exporters' advice (deprecations, axis naming) is not a parity failure.
         warnings.simplefilter("ignore")
-        model = opbridge_onnx.export(
-            module, export_inputs, None, opset_version=cell.opset, dynamo=cell.exporter == "dynamo",
-            lowering=cell.lowering, **kwargs,
-        )  # fmt: skip
+        model = _export(module, export_inputs, cell, kwargs)
     custom_nodes = [n.op_type for n in model.graph.node if n.domain == specs.CUSTOM_DOMAIN]
     function_nodes = [n.op_type for n in model.graph.node if n.domain == specs.FUNCTION_DOMAIN]
     if cell.lowering != "custom" and custom_nodes:
@@ -206,6 +212,23 @@ def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> Su
         if not np.allclose(ort_out, want, rtol=rtol, atol=atol):
             return SubResult(operands, batch, False, max_error, f"max error {max_error:.3g} > rtol {rtol}/atol {atol}")
     return SubResult(operands, batch, True, max_error)
+
+
+def _export(module: torch.nn.Module, inputs: tuple, cell: Cell, kwargs: dict):
+    """The cell's model as a user exports it: plain torch.onnx.export under opbridge.onnx.lowering."""
+    import onnx
+
+    from . import onnx as opbridge_onnx
+
+    if cell.exporter == "legacy" and cell.lowering == "function":
+        return opbridge_onnx.export(module, inputs, None, opset_version=cell.opset, dynamo=False, lowering="function",
+                                    **kwargs)  # fmt: skip
+    with opbridge_onnx.lowering(cell.lowering):
+        if cell.exporter == "dynamo":
+            return torch.onnx.export(module, inputs, dynamo=True, opset_version=cell.opset, **kwargs).model_proto
+        buffer = io.BytesIO()
+        torch.onnx.export(module, inputs, buffer, dynamo=False, opset_version=cell.opset, **kwargs)
+        return onnx.load_from_string(buffer.getvalue())
 
 
 def run_cell(cell: Cell) -> CellResult:
@@ -269,32 +292,72 @@ def _format_row(values: Sequence[str], widths: Sequence[int]) -> str:
     return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True))
 
 
-def run(selected: Sequence[Cell], jobs: int = 1, stream=sys.stdout) -> list[CellResult]:
-    """Runs the cells (in ``jobs`` processes), printing each row as it completes."""
+def _groups(selected: Sequence[Cell]) -> list[list[Cell]]:
+    """Cells sharing (op, call path, exporter, dtype), largest (by estimated time) first."""
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in selected:
+        groups.setdefault((cell.op, cell.path, cell.exporter, cell.dtype), []).append(cell)
+    return sorted(groups.values(), key=lambda cells: -sum(_cost(c) for c in cells))
+
+
+def _cost(cell: Cell) -> float:
+    """Relative time of a cell (measured: a dynamo export takes ~10x a TorchScript-based one)."""
+    return len(specs.get(cell.op).operand_kinds) * (10.0 if cell.exporter == "dynamo" else 1.0)
+
+
+def run_group(cells_of_group: Sequence[Cell]) -> list[CellResult]:
+    return [run_cell(cell) for cell in cells_of_group]
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def run(selected: Sequence[Cell], jobs: int = 1, stream=sys.stdout, progress=sys.stderr) -> list[CellResult]:
+    """Runs the cells (in ``jobs`` processes), printing each row as it completes and, on ``progress``,
+    how many cells are done and an estimate of the time left."""
     widths = [max(len(COLUMNS[0]), 8), 17, 8, 8, 5, 7, 6, 9]
     print(_format_row(COLUMNS, widths), file=stream)
     print(_format_row(["-" * w for w in widths], widths), file=stream, flush=True)
     results: list[CellResult] = []
+    groups = _groups(selected)
+    total_cost = sum(_cost(c) for c in selected)
+    done_cost = 0.0
+    start = time.perf_counter()
 
-    def report(result: CellResult) -> None:
-        results.append(result)
-        line = _format_row(_row(result), widths)
-        if result.status != "pass":
-            line += f"  {result.detail[:400]}"
-        print(line, file=stream, flush=True)
+    def report(group_results: list[CellResult]) -> None:
+        nonlocal done_cost
+        for result in group_results:
+            results.append(result)
+            done_cost += _cost(result.cell)
+            line = _format_row(_row(result), widths)
+            if result.status != "pass":
+                line += f"  {result.detail[:400]}"
+            print(line, file=stream, flush=True)
+        if progress is not None:
+            elapsed = time.perf_counter() - start
+            left = elapsed * (total_cost - done_cost) / done_cost if done_cost else 0.0
+            print(
+                f"parity: {len(results)}/{len(selected)} cells done, {_duration(elapsed)} elapsed, "
+                f"about {_duration(left)} left",
+                file=progress,
+                flush=True,
+            )
 
     if jobs <= 1:
         _worker_init()
-        for cell in selected:
-            report(run_cell(cell))
+        for group in groups:
+            report(run_group(group))
     else:
         import multiprocessing
 
         context = multiprocessing.get_context("spawn")  # fresh interpreters: no torch state shared by fork
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init) as pool:
-            for result in pool.map(run_cell, selected, chunksize=4):
-                report(result)
-    return results
+            futures = [pool.submit(run_group, group) for group in groups]
+            for future in concurrent.futures.as_completed(futures):
+                report(future.result())
+    order = {cell: index for index, cell in enumerate(selected)}
+    return sorted(results, key=lambda r: order[r.cell])
 
 
 def summary(results: Sequence[CellResult], seconds: float) -> str:
@@ -304,10 +367,11 @@ def summary(results: Sequence[CellResult], seconds: float) -> str:
     subcases = sum(len(r.subresults) for r in results)
     import onnxruntime
 
+    rate = len(results) / seconds if seconds > 0 else 0.0
     return (
         f"parity: {passed} passed, {failed} failed, {expected} n/a as expected ({len(results)} cells, "
-        f"{subcases} export+run cases) in "
-        f"{seconds:.0f} s; torch {torch.__version__}, onnxruntime {onnxruntime.__version__}"
+        f"{subcases} export+run cases) in {seconds:.0f} s, {rate:.2f} cells/s; "
+        f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}"
     )
 
 

@@ -34,7 +34,7 @@ import torch
 
 from .. import specs
 from ..specs import LOWERING_KINDS, LoweringError
-from . import _dynamo, _legacy, _torch_hooks, functions
+from . import _dynamo, _legacy, _state, _torch_hooks, functions
 from ._dynamo import translation_table
 from ._schemas import register_schemas
 from ._state import current_lowering, lowering, set_default_lowering
@@ -130,7 +130,11 @@ def _export_legacy(model, args, f, opset_version, lowering, kwargs) -> onnx.Mode
     import onnx
 
     buffer = io.BytesIO()
-    torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset_version, **kwargs)
+    token = _state.functions_attached.set(True)  # functions.attach below adds the definitions
+    try:
+        torch.onnx.export(model, args, buffer, dynamo=False, opset_version=opset_version, **kwargs)
+    finally:
+        _state.functions_attached.reset(token)
     model_proto = functions.attach(onnx.load_from_string(buffer.getvalue()))
     _write(model_proto, f)
     return model_proto

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from .. import specs
-from ._state import current_lowering
+from ._state import current_lowering, functions_attached
 from .builder import LegacyBuilder
 
 #: The lowest opset the TorchScript-based exporter accepts.
@@ -24,7 +24,15 @@ def symbolic_for(name: str) -> Callable:
     spec = specs.get(name)
 
     def symbolic(g, *args):
-        return spec.lowering(current_lowering(), g.opset).build(LegacyBuilder(g), *args)
+        lowering = spec.lowering(current_lowering(), g.opset)
+        if lowering.kind == "function" and not functions_attached.get():
+            raise specs.LoweringError(
+                f"{spec.torch_op}: the 'function' lowering with torch.onnx.export(..., dynamo=False) would write a "
+                "model that calls an ONNX function without its definition (the TorchScript-based exporter cannot "
+                "add it). Export with opbridge.onnx.export(model, args, f, dynamo=False, lowering='function'), "
+                "or with dynamo=True."
+            )
+        return lowering.build(LegacyBuilder(g), *args)
 
     symbolic.__name__ = f"{name}_symbolic"
     return symbolic

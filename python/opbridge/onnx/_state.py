@@ -54,3 +54,8 @@ def lowering(kind: str) -> Iterator[str]:
         yield kind
     finally:
         _override.reset(token)
+
+
+# Set while opbridge.onnx.export runs the TorchScript-based exporter, which then adds the
+# definitions of the ONNX functions the model calls; plain torch.onnx.export(dynamo=False) cannot.
+functions_attached: contextvars.ContextVar[bool] = contextvars.ContextVar("opbridge_functions_attached", default=False)
