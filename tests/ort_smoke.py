@@ -53,7 +53,7 @@ def check_old_runtime_is_refused(library: str) -> None:
 
 
 def check_every_op_has_cases(library: str) -> None:
-    """Each op the library registers has a case module, named after it (MyAdd -> ort_cases/my_add.py)."""
+    """Each op the library registers has a case module named after it (FooBar -> ort_cases/foo_bar.py)."""
     registered = {m.group(1).decode() for m in re.finditer(rb"opbridge-ort-op:(\w+):\d+\x00", Path(library).read_bytes())}
     snake = {re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower(): name for name in registered}
     modules = {module.__name__.split(".")[-1] for module in case_modules()}

@@ -21,7 +21,7 @@ Two more wrappers only save time; without them exports are slower, not different
 Nothing is imported here until torch imports those modules itself (a
 post-import hook), so ``import opbridge`` stays light. If a future torch moves
 ``export_compat``, a warning says so and what to do instead;
-tests/test_torch_hooks.py fails on that torch, and the matrix runs it on every
+tests/test_plain_export.py fails on that torch, and the matrix runs it on every
 supported torch (``nox -t matrix``).
 """
 

@@ -384,6 +384,51 @@ class _DeformModel(torch.nn.Module):
         return deform_conv2d(x, offset, self.weight, self.bias, padding=1, mask=mask)
 
 
+def reference(input, offset, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), mask=None) -> Tensor:
+    """Deformable convolution in plain torch math, float64, written from the definition (torchvision's
+    semantics): an independent check of the kernel, sharing no code with it."""
+    x = input.double()
+    n, channels, height, width = x.shape
+    out_channels, channels_per_group, kernel_h, kernel_w = weight.shape
+    taps, groups = kernel_h * kernel_w, channels // channels_per_group
+    offset_groups = offset.shape[1] // (2 * taps)
+    out_h, out_w = offset.shape[2:]
+    tap = torch.arange(taps)
+    # Sampling positions [N, offset groups, taps, H_out, W_out].
+    offsets = offset.double().reshape(n, offset_groups, taps, 2, out_h, out_w)
+    rows = (torch.arange(out_h) * stride[0] - padding[0]).view(-1, 1) + (tap // kernel_w * dilation[0]).view(-1, 1, 1)
+    cols = (torch.arange(out_w) * stride[1] - padding[1]).view(1, -1) + (tap % kernel_w * dilation[1]).view(-1, 1, 1)
+    y, xs = rows + offsets[:, :, :, 0], cols + offsets[:, :, :, 1]
+    planes = x.reshape(n, offset_groups, channels // offset_groups, height * width)
+    sampled = torch.zeros(n, offset_groups, channels // offset_groups, taps, out_h, out_w, dtype=torch.float64)
+    inside = (y > -1) & (y < height) & (xs > -1) & (xs < width)
+    for corner_y in (torch.floor(y), torch.floor(y) + 1):
+        for corner_x in (torch.floor(xs), torch.floor(xs) + 1):
+            valid = inside & (corner_y >= 0) & (corner_y <= height - 1) & (corner_x >= 0) & (corner_x <= width - 1)
+            weight_of_corner = (1 - (y - corner_y).abs()) * (1 - (xs - corner_x).abs()) * valid
+            if height * width == 0:
+                continue  # an empty image samples zeros
+            index = (torch.nan_to_num(corner_y).clamp(0, height - 1) * width
+                     + torch.nan_to_num(corner_x).clamp(0, width - 1)).long()  # fmt: skip
+            flat_index = index.reshape(n, offset_groups, 1, -1).expand(-1, -1, channels // offset_groups, -1)
+            values = torch.gather(planes, 3, flat_index).reshape(sampled.shape)
+            sampled += values * torch.nan_to_num(weight_of_corner).unsqueeze(2)
+    if mask is not None:
+        sampled *= mask.double().reshape(n, offset_groups, 1, taps, out_h, out_w)
+    columns = sampled.reshape(n, groups, channels_per_group * taps, out_h * out_w)
+    kernel = weight.double().reshape(groups, out_channels // groups, channels_per_group * taps)
+    out = torch.einsum("gok,ngkp->ngop", kernel, columns).reshape(n, out_channels, out_h, out_w)
+    if bias is not None:
+        out = out + bias.double().view(1, -1, 1, 1)
+    return out.to(input.dtype)
+
+
+def _model_reference(x, offset, mask=None) -> Tensor:
+    """The parity model's output from :func:`reference`, with the model's (seeded) parameters."""
+    model = _DeformModel(use_torchvision=False)
+    return reference(x, offset, model.weight.detach(), model.bias.detach(), padding=(1, 1), mask=mask)
+
+
 def _sample_inputs(dtype: torch.dtype, operands: str, batch: int):
     generator = torch.Generator().manual_seed(batch)
     c, k, g = _CONFIG["in_channels"], _CONFIG["kernel"], _CONFIG["offset_groups"]
@@ -421,6 +466,7 @@ _COMMON = {
     "operand_kinds": ("mask", "no_mask"),
     "sample_inputs": _sample_inputs,
     "input_names": ("x", "offset", "mask"),
+    "reference": _model_reference,
     "known_gaps": _known_gaps,
     "custom_node": specs.CustomNode(
         op_type="DeformConv2d",

@@ -1,0 +1,178 @@
+"""`import opbridge` is enough: plain torch.onnx.export, both exporters, every op and mapping, with the
+standard lowering by default; choosing another lowering is one call. Also the private hooks this needs on
+the installed torch (the matrix runs this file on every supported torch), and the light import."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import threading
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+import torch
+
+import opbridge
+import opbridge_ort
+from opbridge import parity, specs
+from opbridge.onnx import _torch_hooks
+
+SPECS = [s for s in specs.all_specs() if s.call_paths and s.is_available()]
+
+
+def _plain_export(module, inputs, dynamo: bool) -> onnx.ModelProto:
+    """What a user writes: no opset, no translation table, no opbridge call."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch's notice about dynamo=False
+        if dynamo:
+            return torch.onnx.export(module, inputs, dynamo=True, verbose=False).model_proto
+        buffer = io.BytesIO()
+        torch.onnx.export(module, inputs, buffer, dynamo=False)
+        return onnx.load_from_string(buffer.getvalue())
+
+
+def _run(model: onnx.ModelProto, inputs, library: bool = False):
+    names = [i.name for i in model.graph.input]
+    feeds = {name: t.numpy() for name, t in zip(names, inputs, strict=True)}
+    if library:
+        return opbridge_ort.InferenceSession(model).run(None, feeds)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["legacy", "dynamo"])
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_plain_torch_onnx_export_of_every_op(spec, dynamo):
+    path = next(iter(spec.call_paths))
+    module = spec.call_paths[path]().eval()
+    dtype = spec.dtypes[0]
+    inputs = spec.sample_inputs(dtype, spec.operand_kinds[0], 2)
+    opset = torch.onnx._constants.ONNX_DEFAULT_OPSET if not dynamo else max(18, torch.onnx._constants.ONNX_DEFAULT_OPSET)
+    if not any(lowering.kind == "standard" and lowering.supports(opset) for lowering in spec.lowerings):
+        pytest.skip(f"{spec.name} has no standard lowering at torch's default opset {opset}")
+    model = _plain_export(module, inputs, dynamo)
+    domains = {n.domain for n in model.graph.node}
+    assert domains <= {"", "ai.onnx"}, f"the default lowering must be standard ONNX, got domains {domains}"
+    with torch.no_grad():
+        expected = module(*inputs)
+    gap = spec.known_gaps and spec.known_gaps(
+        parity.Cell(spec.name, path, "dynamo" if dynamo else "legacy", "standard", opset, parity._DTYPE_NAMES[dtype])
+    )
+    try:
+        (got,) = _run(model, inputs)
+    except Exception as error:  # a runtime gap the spec names (e.g. no ORT kernel) is not opbridge's failure
+        if gap:
+            pytest.skip(f"ONNX Runtime cannot run it here: {gap}")
+        raise AssertionError(f"{spec.name}: {error}") from error
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["legacy", "dynamo"])
+def test_lowering_block_chooses_custom_nodes(dynamo):
+    module, inputs = opbridge.nn.MyAdd().eval(), (torch.randn(2, 3), torch.randn(3))
+    with opbridge.onnx.lowering("custom"):
+        assert opbridge.onnx.current_lowering() == "custom"
+        model = _plain_export(module, inputs, dynamo)
+    assert opbridge.onnx.current_lowering() == "standard"
+    assert [(n.domain, n.op_type) for n in model.graph.node] == [("opbridge", "MyAdd")]
+    (got,) = _run(model, inputs, library=True)
+    np.testing.assert_allclose(got, (2 * inputs[0] + inputs[1]).numpy(), rtol=1e-6)
+    # And after the block, standard again.
+    assert {n.op_type for n in _plain_export(module, inputs, dynamo).graph.node} <= {"Constant", "Mul", "Add"}
+
+
+def test_default_lowering_for_the_process():
+    module, inputs = opbridge.nn.MyAdd().eval(), (torch.randn(2, 3), torch.randn(3))
+    previous = opbridge.onnx.set_default_lowering("custom")
+    try:
+        assert previous == "standard"
+        model = _plain_export(module, inputs, dynamo=True)
+        assert [n.op_type for n in model.graph.node] == ["MyAdd"]
+        with opbridge.onnx.lowering("standard"):  # a block overrides the default
+            assert "MyAdd" not in {n.op_type for n in _plain_export(module, inputs, dynamo=True).graph.node}
+    finally:
+        opbridge.onnx.set_default_lowering(previous)
+    with pytest.raises(ValueError, match="lowering must be one of 'standard', 'custom', 'function'"):
+        opbridge.onnx.set_default_lowering("fused")
+    with pytest.raises(ValueError, match="lowering must be one of"), opbridge.onnx.lowering("Custom"):
+        pass
+
+
+def test_lowering_blocks_are_per_thread():
+    seen = {}
+
+    def worker():
+        seen["thread"] = opbridge.onnx.current_lowering()
+
+    with opbridge.onnx.lowering("custom"):
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        seen["main"] = opbridge.onnx.current_lowering()
+    assert seen == {"thread": "standard", "main": "custom"}
+
+
+def test_function_lowering_with_plain_dynamo_export_carries_the_functions(tmp_path):
+    module, inputs = opbridge.nn.MyAdd().eval(), (torch.randn(2, 3), torch.randn(3))
+    path = tmp_path / "model.onnx"
+    with opbridge.onnx.lowering("function"):
+        torch.onnx.export(module, inputs, str(path), dynamo=True, opset_version=20, verbose=False)
+    model = onnx.load(str(path))
+    assert [f.name for f in model.functions] == ["MyAdd"]
+    onnx.checker.check_model(model, full_check=True)
+    (got,) = _run(model, inputs)  # no library: the function's body runs
+    np.testing.assert_allclose(got, (2 * inputs[0] + inputs[1]).numpy(), rtol=1e-6)
+
+
+def test_function_lowering_with_plain_legacy_export_fails_clearly():
+    module, inputs = opbridge.nn.MyAdd().eval(), (torch.randn(2, 3), torch.randn(3))
+    with opbridge.onnx.lowering("function"), pytest.raises(Exception, match=r"opbridge.onnx.export\(.*lowering='function'"):
+        _plain_export(module, inputs, dynamo=False)
+
+
+def test_the_callers_translation_table_wins_and_does_not_leak():
+    """opbridge's entries are defaults: the caller's own custom_translation_table overrides them for that
+    export only (torch's registry, which opbridge builds once per opset, is copied for every export)."""
+    from onnxscript import opset18 as op
+
+    def my_add_as_sub(a, b):
+        return op.Sub(a, b)
+
+    module, inputs = opbridge.nn.MyAdd().eval(), (torch.randn(2, 3), torch.randn(3))
+    table = {torch.ops.opbridge.my_add.default: my_add_as_sub}
+    program = torch.onnx.export(module, inputs, dynamo=True, custom_translation_table=table, verbose=False)
+    assert [n.op_type for n in program.model_proto.graph.node] == ["Sub"]
+    plain = torch.onnx.export(module, inputs, dynamo=True, verbose=False)
+    assert "Sub" not in {n.op_type for n in plain.model_proto.graph.node}
+
+
+def test_the_hooks_apply_to_this_torch():
+    """The private hooks of opbridge.onnx._torch_hooks: on a torch that moved them, this fails."""
+    torch.onnx.export(opbridge.nn.MyAdd().eval(), (torch.randn(2), torch.randn(2)), dynamo=True, verbose=False)
+    assert _torch_hooks.status == dict.fromkeys(
+        (_torch_hooks.COMPAT, _torch_hooks.REGISTRATION, _torch_hooks.DECOMPOSITION), "installed"
+    )
+
+
+def test_import_is_light():
+    """`import opbridge` loads neither onnx, onnxscript, onnxruntime nor torchvision (nox -s bench measures the
+    time it adds to `import torch`)."""
+    script = (
+        "import sys, torch, opbridge\n"
+        "heavy = [m for m in ('onnx', 'onnxscript', 'onnxruntime', 'torchvision', 'torch.onnx._internal.exporter._registration')"
+        " if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_star_import_does_not_shadow_nn_or_onnx():
+    namespace: dict = {"nn": "mine", "onnx": "mine"}
+    exec("from opbridge import *", namespace)
+    assert namespace["nn"] == "mine" and namespace["onnx"] == "mine"
+    assert namespace["my_add"] is opbridge.my_add and namespace["deform_conv2d"] is opbridge.deform_conv2d
