@@ -70,7 +70,7 @@ def build_ort_library_alone(session: nox.Session, build_dir: Path) -> Path:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Build against the default torch, run the C++ kernel tests (ctest) and pytest."""
+    """Build against the default torch, run the C++ kernel tests (ctest) and pytest (on every core: pytest-xdist)."""
     install_opbridge(session)
     build_dir = ROOT / "build" / "nox-ctest"
     build_ort_library_alone(session, build_dir)
@@ -172,7 +172,8 @@ def sanitize(session: nox.Session) -> None:
                 "--no-huge-allocations", *args, env=env)  # fmt: skip
     # The concurrency tests (the fuzz tests ran above; resident memory means nothing under ASan's
     # quarantine: the leak check below is LeakSanitizer's).
-    session.run("pytest", "-q", str(ROOT / "tests" / "test_robustness.py"), "-k", "not fuzz and not memory", env=env)
+    session.run("pytest", "-q", "-n", "0", str(ROOT / "tests" / "test_robustness.py"), "-k", "not fuzz and not memory",
+                env=env)  # fmt: skip
     # The C++ leak check is instrumented itself: no preload, and LeakSanitizer on.
     session.run(
         "python", str(ROOT / "tests" / "leak_check.py"), str(build_dir / "cpp" / "tests" / "opbridge_leak_check"),
@@ -230,6 +231,9 @@ def matrix(session: nox.Session, torch: str, onnxruntime: str) -> None:
     # Run outside the source tree so that the installed wheel, not python/, is imported.
     session.chdir(ROOT / "reports")
     session.run("python", "-m", "opbridge", "parity", "--quick", "--json", str(report), *session.posargs)
+    # Plain torch.onnx.export after `import opbridge`, and the private hooks it needs, on this torch.
+    session.install("pytest", "pytest-xdist")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_plain_export.py"))
 
 
 @nox.session(default=False, tags=["matrix"])

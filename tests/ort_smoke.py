@@ -27,8 +27,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).parent))
-import ort_cases  # noqa: E402
-from ort_cases._common import expect_error, session  # noqa: E402
+import ort_cases
+from ort_cases._common import expect_error, session
 
 
 def case_modules() -> list:
@@ -54,7 +54,9 @@ def check_old_runtime_is_refused(library: str) -> None:
 
 def check_every_op_has_cases(library: str) -> None:
     """Each op the library registers has a case module named after it (FooBar -> ort_cases/foo_bar.py)."""
-    registered = {m.group(1).decode() for m in re.finditer(rb"opbridge-ort-op:(\w+):\d+\x00", Path(library).read_bytes())}
+    registered = {
+        m.group(1).decode() for m in re.finditer(rb"opbridge-ort-op:(\w+):\d+\x00", Path(library).read_bytes())
+    }
     snake = {re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower(): name for name in registered}
     modules = {module.__name__.split(".")[-1] for module in case_modules()}
     missing = sorted(f"tests/ort_cases/{name}.py (for {op})" for name, op in snake.items() if name not in modules)

@@ -50,7 +50,9 @@ def _own_spec(name: str) -> specs.OpSpec:
 def test_every_torch_schema_has_its_python_module():
     for name, path in _torch_schemas().items():
         assert path.name == f"{name}.cpp", f"{path.relative_to(ROOT)} defines opbridge::{name}: name it {name}.cpp"
-        assert name in OP_MODULES, f"{path.relative_to(ROOT)} defines opbridge::{name}, but python/opbridge/ops/{name}.py is missing"
+        assert name in OP_MODULES, (
+            f"{path.relative_to(ROOT)} defines opbridge::{name}, but python/opbridge/ops/{name}.py is missing"
+        )
 
 
 def test_every_ort_op_belongs_to_an_op_with_that_custom_node():
@@ -81,7 +83,9 @@ def test_every_piece_of_an_op_exists(name):
         assert getattr(opbridge, public) is getattr(module, public), f"opbridge.{public} is not {module.__name__}'s"
     for nn_name in getattr(module, "NN_MODULES", ()):
         assert getattr(opbridge.nn, nn_name) is getattr(module, nn_name)
-    assert spec.call_paths and spec.sample_inputs and spec.reference, f"{module.__name__}: the spec needs call_paths, sample_inputs and a reference for the parity matrix"
+    assert spec.call_paths and spec.sample_inputs and spec.reference, (
+        f"{module.__name__}: the spec needs call_paths, sample_inputs and a reference for the parity matrix"
+    )
     if spec.custom_node is not None:
         ort_file = ROOT / "cpp" / "ort" / f"{name}.cc"
         assert _ort_ops().get(spec.custom_node.op_type) == ort_file, (

@@ -87,5 +87,5 @@ def test_not_a_model(tmp_path):
 def test_opbridge_ort_ops_list_matches_the_specs(spec):
     """opbridge_ort reads the op list from the library itself: it cannot drift from what is built."""
     assert opbridge_ort.ops().get(spec.custom_node.op_type) == specs.CUSTOM_DOMAIN_VERSION
-    assert opbridge_ort.OPS == opbridge_ort.ops()
+    assert opbridge_ort.ops() == opbridge_ort.OPS
     assert set(opbridge_ort.ops()) == {s.custom_node.op_type for s in specs.all_specs() if s.custom_node}

@@ -51,7 +51,9 @@ def test_plain_torch_onnx_export_of_every_op(spec, dynamo):
     module = spec.call_paths[path]().eval()
     dtype = spec.dtypes[0]
     inputs = spec.sample_inputs(dtype, spec.operand_kinds[0], 2)
-    opset = torch.onnx._constants.ONNX_DEFAULT_OPSET if not dynamo else max(18, torch.onnx._constants.ONNX_DEFAULT_OPSET)
+    opset = (
+        torch.onnx._constants.ONNX_DEFAULT_OPSET if not dynamo else max(18, torch.onnx._constants.ONNX_DEFAULT_OPSET)
+    )
     if not any(lowering.kind == "standard" and lowering.supports(opset) for lowering in spec.lowerings):
         pytest.skip(f"{spec.name} has no standard lowering at torch's default opset {opset}")
     model = _plain_export(module, inputs, dynamo)
@@ -130,7 +132,10 @@ def test_function_lowering_with_plain_dynamo_export_carries_the_functions(tmp_pa
 
 def test_function_lowering_with_plain_legacy_export_fails_clearly():
     module, inputs = opbridge.nn.MyAdd().eval(), (torch.randn(2, 3), torch.randn(3))
-    with opbridge.onnx.lowering("function"), pytest.raises(Exception, match=r"opbridge.onnx.export\(.*lowering='function'"):
+    with (
+        opbridge.onnx.lowering("function"),
+        pytest.raises(Exception, match=r"opbridge.onnx.export\(.*lowering='function'"),
+    ):
         _plain_export(module, inputs, dynamo=False)
 
 
@@ -163,8 +168,8 @@ def test_import_is_light():
     time it adds to `import torch`)."""
     script = (
         "import sys, torch, opbridge\n"
-        "heavy = [m for m in ('onnx', 'onnxscript', 'onnxruntime', 'torchvision', 'torch.onnx._internal.exporter._registration')"
-        " if m in sys.modules]\n"
+        "heavy = ['onnx', 'onnxscript', 'onnxruntime', 'torchvision', 'torch.onnx._internal.exporter._registration']\n"
+        "heavy = [m for m in heavy if m in sys.modules]\n"
         "print(heavy)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)

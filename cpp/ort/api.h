@@ -133,10 +133,8 @@ struct RegisterOp {
 
 // Also leaves "opbridge-ort-op:<OpType>:<version>" in the library's read-only data:
 // opbridge_ort.ops() reads the op list from the file, without loading it into a runtime.
-#define OPBRIDGE_ORT_OP(OpType, Version, Append)                                                          \
+#define OPBRIDGE_ORT_OP(OpType, Version, Append)                                                     \
   static const ::opbridge::ort::RegisterOp opbridge_ort_register_##OpType{#OpType, Version, Append}; \
   [[gnu::used]] static const char opbridge_ort_marker_##OpType[] = "opbridge-ort-op:" #OpType ":" #Version
 
-namespace opbridge::ort {
-
-}  // namespace opbridge::ort
+namespace opbridge::ort {}  // namespace opbridge::ort

@@ -22,8 +22,7 @@ struct AddBinding {
 
 }  // namespace opbridge::python
 
-#define OPBRIDGE_PYTHON_BINDING(name, module)                                                  \
-  static void opbridge_python_binding_##name(pybind11::module_& module);                     \
-  static const ::opbridge::python::AddBinding opbridge_python_add_binding_##name{            \
-      &opbridge_python_binding_##name};                                                        \
+#define OPBRIDGE_PYTHON_BINDING(name, module)                                                                      \
+  static void opbridge_python_binding_##name(pybind11::module_& module);                                           \
+  static const ::opbridge::python::AddBinding opbridge_python_add_binding_##name{&opbridge_python_binding_##name}; \
   static void opbridge_python_binding_##name(pybind11::module_& module)

@@ -23,7 +23,7 @@ globals().update(_slices.public_names())
 _slices.mapping_modules()
 onnx._register()
 
-import opbridge_ort as ort  # noqa: E402
+import opbridge_ort as ort  # noqa: E402, F401  (opbridge.ort, the torch-free runtime helpers)
 
 try:
     from importlib.metadata import version as _version

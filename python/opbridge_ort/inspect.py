@@ -92,13 +92,14 @@ def inspect_model(model) -> tuple[dict[str, int], list[OpReport]]:
             report.how = "model-local ONNX function (inlined by the runtime)"
         elif domain == DOMAIN:
             library_ops = _library_ops()
+            implemented = ", ".join(sorted(library_ops)) or "no ops (library not found)"
             report.with_library = op_type in library_ops and opset is not None and opset >= library_ops[op_type]
             report.how = "opbridge custom op" if report.with_library else "not in this opbridge library"
             report.advice = (
                 "load the opbridge library: opbridge_ort.InferenceSession(model) or "
                 "options.register_custom_ops_library(opbridge_ort.library_path())"
                 if report.with_library
-                else f"this opbridge library implements {', '.join(sorted(library_ops)) or 'no ops (library not found)'}; upgrade opbridge, or re-export "
+                else f"this opbridge library implements {implemented}; upgrade opbridge, or re-export "
                 "with lowering='standard'"
             )
         elif opset is not None and any(low <= opset <= high for low, high in ranges):

@@ -39,5 +39,3 @@ def expect_error(call, *fragments: str) -> str:
             raise AssertionError(f"error message lacks {missing}: {message}") from None
         return message
     raise AssertionError("expected an error, got none")
-
-

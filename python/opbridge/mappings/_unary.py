@@ -24,9 +24,7 @@ def unary_inputs(transform):
     return sample
 
 
-def unary_spec(
-    name: str, torch_fn, onnx_op: str, min_opset: int, domain_transform, reference, **extra
-) -> specs.OpSpec:
+def unary_spec(name: str, torch_fn, onnx_op: str, min_opset: int, domain_transform, reference, **extra) -> specs.OpSpec:
     return specs.register(
         specs.OpSpec(
             name=name,
@@ -41,5 +39,3 @@ def unary_spec(
             **extra,
         )
     )
-
-

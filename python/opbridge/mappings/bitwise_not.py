@@ -11,6 +11,7 @@ import torch
 from .. import specs
 from ._unary import unary_module
 
+
 def _bitwise_not(b, x):
     if b.exporter == "legacy" and x.type().scalarType() == "Bool":
         return b.op("Not", x)
@@ -32,5 +33,3 @@ specs.register(
         reference=lambda x: torch.from_numpy(~x.numpy()),
     )
 )
-
-

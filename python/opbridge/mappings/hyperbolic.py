@@ -36,5 +36,3 @@ for _name, _onnx, _domain in [
             else torch.from_numpy(getattr(numpy, _name)(x.numpy()))
         ),
     )
-
-

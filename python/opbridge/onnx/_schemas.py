@@ -29,7 +29,7 @@ def register_schemas() -> None:
     # onnx's reference evaluator (imported by onnxscript's optimizer, which the dynamo exporter runs) indexes
     # every schema by name once, when first imported, and refuses a name in two domains (opbridge::MyAdd and
     # the function opbridge.functions::MyAdd): let it index before opbridge's schemas exist.
-    import onnx.reference.op_run  # noqa: F401
+    import onnx.reference.op_run
     from onnx.defs import OpSchema
 
     attribute_types = {
