@@ -117,6 +117,7 @@ def bench(session: nox.Session) -> None:
     session.run(
         "python", "-m", "opbridge", "bench", "--triad-library", str(triad),
         "--json", str(ROOT / "reports" / "bench.json"), "--markdown", str(ROOT / "docs" / "benchmarks.md"),
+        "--parity-report", str(ROOT / "reports" / "parity.json"),
         *session.posargs,
     )  # fmt: skip
 

@@ -18,7 +18,7 @@ def tiny(monkeypatch):
 def test_bench_runs_every_path_on_small_sizes(tiny, tmp_path):
     json_path, md_path = tmp_path / "bench.json", tmp_path / "benchmarks.md"
     status = bench.main(["--threads", "1", "--warmup", "0", "--repeat", "1", "--json", str(json_path),
-                         "--markdown", str(md_path)])  # fmt: skip
+                         "--markdown", str(md_path), "--ops", "my_add", "deform_conv2d"])  # fmt: skip
     assert status == 0
     import json
 
@@ -70,3 +70,21 @@ def test_ratios_and_targets():
     text = bench.markdown(rows, bench.ratios(rows), {"repeat": 1, "warmup": 0, "machine": "m", "torch": "t",
                                                      "onnxruntime": "o"})  # fmt: skip
     assert "| 64 Mi | 1 | ort_custom | triad | 0.75 | >= 0.85 | **no** |" in text
+
+
+def test_framework_rows_and_parity_section(tmp_path):
+    """The import and export timings run in fresh interpreters; the parity report's throughput is read back."""
+    rows = bench.framework_rows(repeat=1)
+    paths = {(r.case, r.path) for r in rows if r.median_ms and r.median_ms > 0}
+    assert paths == {
+        ("import", "import_torch"),
+        ("import", "import_opbridge"),
+        ("dynamo export, one node", "export_cached"),
+        ("dynamo export, one node", "export_uncached"),
+    }
+    assert bench.import_added_ms(rows) is not None
+    report = tmp_path / "parity.json"
+    report.write_text('{"summary": "parity: 5 passed, 0 failed, 1 n/a as expected (6 cells, 20 export+run cases) '
+                      'in 3 s, 2.00 cells/s; torch x, onnxruntime y"}')  # fmt: skip
+    section = "\n".join(bench.parity_section(report))
+    assert "| this run (parity.json) | 6 | 3 | 2.00 |" in section and "| before (" in section

@@ -85,8 +85,12 @@ def _when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
 
 
 def install() -> None:
-    """Called once by ``import opbridge``."""
-    for name, patch in ((COMPAT, _patch_export), (REGISTRATION, _patch_registry), (DECOMPOSITION, _patch_decomp)):
+    """Called once by ``import opbridge``. ``OPBRIDGE_EXPORT_CACHE=0`` leaves out the two time savers (the
+    benchmarks measure their effect with it; a way out should one ever misbehave)."""
+    hooks = [(COMPAT, _patch_export)]
+    if os.environ.get("OPBRIDGE_EXPORT_CACHE", "1") != "0":
+        hooks += [(REGISTRATION, _patch_registry), (DECOMPOSITION, _patch_decomp)]
+    for name, patch in hooks:
         status.setdefault(name, "pending")
         _when_imported(name, patch)
 
