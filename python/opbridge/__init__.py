@@ -17,10 +17,11 @@ from . import _extension
 
 _C = _extension.load()
 
-from . import _slices, nn, onnx, ops  # noqa: E402, F401
+from . import _slices, nn, onnx, ops, specs  # noqa: E402, F401
 
 globals().update(_slices.public_names())
 _slices.mapping_modules()
+specs.mark_builtin()
 onnx._register()
 
 import opbridge_ort as ort  # noqa: E402, F401  (opbridge.ort, the torch-free runtime helpers)

@@ -44,6 +44,8 @@ class Lowering:
     min_opset: int = 1
     max_opset: int | None = None
     function: str | None = None
+    #: what the lowering emits, for the docs' op table (e.g. "DeformConv"); default: the kind alone
+    note: str = ""
 
     def supports(self, opset: int) -> bool:
         return opset >= self.min_opset and (self.max_opset is None or opset <= self.max_opset)
@@ -169,3 +171,16 @@ def get(name: str) -> OpSpec:
 
 def all_specs() -> list[OpSpec]:
     return list(_REGISTRY.values())
+
+
+_BUILTIN: set[str] = set()
+
+
+def mark_builtin() -> None:
+    """Called by ``import opbridge`` once the op modules and mappings are imported: what ships with opbridge,
+    as opposed to mappings users register later."""
+    _BUILTIN.update(_REGISTRY)
+
+
+def builtin_specs() -> list[OpSpec]:
+    return [spec for name, spec in _REGISTRY.items() if name in _BUILTIN]

@@ -30,7 +30,7 @@ def unary_spec(name: str, torch_fn, onnx_op: str, min_opset: int, domain_transfo
             name=name,
             torch_op=f"aten::{name}",
             doc=f"aten::{name} -> ONNX {onnx_op}",
-            lowerings=[specs.Lowering("standard", lambda b, x: b.op(onnx_op, x), min_opset=min_opset)],
+            lowerings=[specs.Lowering("standard", lambda b, x: b.op(onnx_op, x), min_opset=min_opset, note=onnx_op)],
             dtypes=extra.pop("dtypes", (torch.float32, torch.float64)),
             call_paths={"torch": unary_module(torch_fn)},
             sample_inputs=unary_inputs(domain_transform),

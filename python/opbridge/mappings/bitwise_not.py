@@ -23,7 +23,7 @@ specs.register(
         name="bitwise_not",
         torch_op="aten::bitwise_not",
         doc="aten::bitwise_not -> ONNX BitwiseNot (integers, opset >= 18) or Not (bool)",
-        lowerings=[specs.Lowering("standard", _bitwise_not, min_opset=18)],
+        lowerings=[specs.Lowering("standard", _bitwise_not, min_opset=18, note="BitwiseNot (Not for bool)")],
         dtypes=(torch.int32, torch.int64),
         call_paths={"torch": unary_module(torch.bitwise_not)},
         sample_inputs=lambda dtype, operands, batch: (

@@ -48,7 +48,7 @@ specs.register(
         torch_op="aten::selu",
         doc="aten::selu -> ONNX Selu, or an onnxscript function",
         lowerings=[
-            specs.Lowering("standard", lambda b, x: b.op("Selu", x), min_opset=9),
+            specs.Lowering("standard", lambda b, x: b.op("Selu", x), min_opset=9, note="Selu"),
             # LessOrEqual needs opset 12, CastLike 15.
             specs.Lowering(
                 "function",
@@ -60,6 +60,7 @@ specs.register(
                 ),
                 min_opset=15,
                 function=_SELU,
+                note="onnxscript function Selu",
             ),
         ],
         dtypes=(torch.float32, torch.float64),

@@ -354,9 +354,9 @@ def _lowerings(parse) -> list[specs.Lowering]:
         return _deform_conv_node(b, "DeformConv2d", specs.CUSTOM_DOMAIN, x, weight, offset, bias, mask, a)
 
     return [
-        specs.Lowering("standard", deform_conv, min_opset=19),
-        specs.Lowering("standard", decomposed, min_opset=9, max_opset=18),
-        specs.Lowering("custom", custom, min_opset=9),
+        specs.Lowering("standard", deform_conv, min_opset=19, note="DeformConv"),
+        specs.Lowering("standard", decomposed, min_opset=9, max_opset=18, note="Gather + MatMul decomposition"),
+        specs.Lowering("custom", custom, min_opset=9, note="opbridge::DeformConv2d"),
     ]
 
 

@@ -166,14 +166,15 @@ SPEC = specs.register(
         doc="2 * a + b with broadcasting",
         lowerings=[
             # Constant, Mul and Add exist in every opset the exporters produce.
-            specs.Lowering("standard", _standard, min_opset=7),
-            specs.Lowering("custom", _custom, min_opset=7),
+            specs.Lowering("standard", _standard, min_opset=7, note="Constant, Mul, Add"),
+            specs.Lowering("custom", _custom, min_opset=7, note="opbridge::MyAdd"),
             # The function body uses CastLike (opset 15) to match the input's dtype.
             specs.Lowering(
                 "function",
                 functions.call(_FUNCTION, set_type=lambda b, out, x, y: b.set_broadcast_type(out, x, y)),
                 min_opset=15,
                 function=_FUNCTION,
+                note="onnxscript function MyAdd",
             ),
         ],
         custom_node=specs.CustomNode(
