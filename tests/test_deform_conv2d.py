@@ -94,12 +94,15 @@ def test_bad_inputs_raise_clear_errors():
         (lambda: call(x[0], offset, weight), "input must be 4-D"),
         (lambda: call(x, offset[:, :4], weight), "offset.shape\\[1\\] \\(4\\) must be a multiple of 2 \\* kernel_h"),
         (lambda: call(x, offset[:, :, :2], weight, padding=1), "offset must have shape \\[1, 18, 7, 6\\]"),
-        (lambda: call(x, offset, weight[:, :3], padding=1), "group\\(s\\) must divide"),
+        (lambda: call(x, offset, weight[:, :3], padding=1), "in_channels / groups = 3\\) must divide the 4 channels"),
         (lambda: call(x, offset, weight, bias[:2], padding=1), "bias must have 5 elements"),
         (lambda: call(x, offset, weight, None, 1, 1, 1, mask[:, :2]), "mask must have shape"),
         (lambda: call(x, offset, weight.double(), padding=1), "weight must have the dtype of input"),
         (lambda: call(x.int(), offset, weight), "expected float32 or float64"),
-        (lambda: call(x, offset, weight, None, 0, 1, 1), "must be positive"),
+        (
+            lambda: torch.ops.opbridge.deform_conv2d(x, offset, weight, None, [0, 0], [1, 1], [1, 1], None),
+            "must be positive",
+        ),
         (lambda: torch.ops.opbridge.deform_conv2d(x, offset, weight, None, [1, 1], [-1, -1], [1, 1], None), "not be"),
         (lambda: call(x[:, :, :1, :1], offset, weight), "does not fit"),
     ]

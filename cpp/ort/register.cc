@@ -78,5 +78,16 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     init_gemm();
     domain = make_domain(version);
   });
-  return api->AddCustomOpDomain(options, *domain);
+  // Session options that already carry the domain (the library registered twice, e.g. by hand and then by
+  // opbridge_ort.session_options) keep it once: ORT refuses a duplicate domain when the session is created.
+  // The same key marks them for opbridge_ort's Python helpers.
+  constexpr const char* kRegisteredKey = "opbridge.custom_ops_library";
+  int registered = 0;
+  if (OrtStatus* status = api->HasSessionConfigEntry(options, kRegisteredKey, &registered)) {
+    api->ReleaseStatus(status);
+    registered = 0;
+  }
+  if (registered) return nullptr;
+  if (OrtStatus* status = api->AddCustomOpDomain(options, *domain)) return status;
+  return api->AddSessionConfigEntry(options, kRegisteredKey, "1");
 }

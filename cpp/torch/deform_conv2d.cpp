@@ -28,6 +28,7 @@ std::vector<int64_t> to_vector(c10::IntArrayRef values) { return {values.begin()
 at::Tensor deform_conv2d_cpu(const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
                              const std::optional<at::Tensor>& bias, c10::IntArrayRef stride, c10::IntArrayRef padding,
                              c10::IntArrayRef dilation, const std::optional<at::Tensor>& mask) {
+  TORCH_CHECK(input.device().is_cpu(), "opbridge::deform_conv2d: input must be on the CPU, got ", input.device());
   const auto dtype = input.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
               "opbridge::deform_conv2d: expected float32 or float64 tensors, got input of dtype ", dtype);
@@ -48,6 +49,9 @@ at::Tensor deform_conv2d_cpu(const at::Tensor& input, const at::Tensor& offset, 
   TORCH_CHECK(weight.size(1) > 0 && weight.size(2) > 0 && weight.size(3) > 0,
               "opbridge::deform_conv2d: weight must have positive in_channels / groups and kernel size, got shape ",
               weight.sizes());
+  TORCH_CHECK(input.dim() != 4 || input.size(1) % weight.size(1) == 0, "opbridge::deform_conv2d: weight.shape[1] ",
+              "(in_channels / groups = ", weight.size(1), ") must divide the ", input.size(1),
+              " channels of input; got input of shape ", input.sizes(), " and weight of shape ", weight.sizes());
   const int64_t taps = weight.size(2) * weight.size(3);
   TORCH_CHECK(offset.size(1) % (2 * taps) == 0, "opbridge::deform_conv2d: offset.shape[1] (", offset.size(1),
               ") must be a multiple of 2 * kernel_h * kernel_w = ", 2 * taps);

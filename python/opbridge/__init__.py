@@ -11,20 +11,70 @@ onnx, onnxscript and torchvision load when an export or a test needs them.
 
 from __future__ import annotations
 
-import torch  # noqa: F401  (the extension links against torch's libraries: load them first)
+import os
+import sys
+import threading
 
-from . import _extension
+_lock = threading.RLock()
+_loaded = False
+_loading = False  # while _load runs, imports of submodules probe attributes: they must not start it again
+__all__: list[str] = []  # filled by _load
 
-_C = _extension.load()
 
-from . import _slices, nn, onnx, ops, specs  # noqa: E402, F401
+def _load() -> None:
+    """Everything ``import opbridge`` does (idempotent). Runs at import, except when the process is opbridge's
+    own command line (``python -m opbridge`` / the ``opbridge`` script), whose commands call it when they need
+    the ops, so that ``--help`` and ``inspect`` answer without importing torch."""
+    global _loading
+    with _lock:
+        if _loaded or _loading:
+            return
+        _loading = True
+        try:
+            _load_now()
+        finally:
+            _loading = False
 
-globals().update(_slices.public_names())
-_slices.mapping_modules()
-specs.mark_builtin()
-onnx._register()
 
-import opbridge_ort as ort  # noqa: E402, F401  (opbridge.ort, the torch-free runtime helpers)
+def _load_now() -> None:
+    global _loaded, _C, __all__
+    import torch  # noqa: F401  (the extension links against torch's libraries: load them first)
+
+    from . import _extension
+
+    _C = _extension.load()
+    from . import _slices, nn, onnx, ops, specs  # noqa: F401
+
+    globals().update(_slices.public_names())
+    _slices.mapping_modules()
+    specs.mark_builtin()
+    onnx._register()
+
+    import opbridge_ort
+
+    globals()["ort"] = opbridge_ort  # opbridge.ort: the torch-free runtime helpers
+    # `from opbridge import *` gives the ops' functions and classes, not submodules that would shadow the
+    # caller's own `nn` or `onnx`.
+    __all__ = sorted(_slices.public_names())
+    _loaded = True
+
+
+def _is_own_command_line() -> bool:
+    if sys.argv[:1] == ["-m"]:  # `python -m X` while X is being located: is X opbridge?
+        original = list(getattr(sys, "orig_argv", []))
+        return "-m" in original[:-1] and original[original.index("-m") + 1] in ("opbridge", "opbridge.__main__")
+    main = sys.modules.get("__main__")
+    return os.path.basename(getattr(main, "__file__", "") or "") == "opbridge"  # the console script
+
+
+def __getattr__(name: str):
+    # Under opbridge's own command line the load is deferred: the first attribute a command uses loads it.
+    if not _loaded and not _loading and not name.startswith("__"):
+        _load()
+        if name in globals():
+            return globals()[name]
+    raise AttributeError(f"module 'opbridge' has no attribute {name!r}")
+
 
 try:
     from importlib.metadata import version as _version
@@ -33,6 +83,5 @@ try:
 except Exception:  # not installed as a distribution
     __version__ = "0.1.0"
 
-# `from opbridge import *` gives the ops' functions and classes, not submodules that would shadow
-# the caller's own `nn` or `onnx`.
-__all__ = sorted(_slices.public_names())
+if not _is_own_command_line():
+    _load()

@@ -22,7 +22,6 @@ and the output preallocated, so no copies are timed); torch runs with
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import io
@@ -475,17 +474,9 @@ def parity_section(report: Path | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opbridge bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--ops", nargs="+", choices=["my_add", "deform_conv2d", "framework"],
-                        default=["my_add", "deform_conv2d", "framework"])  # fmt: skip
-    parser.add_argument("--parity-report", type=Path, help="a `nox -s parity` JSON report, for its throughput")
-    parser.add_argument("--triad-library", help="libopbridge_bench.so (the triad); built by `nox -s bench`")
-    parser.add_argument("--json", type=Path, help="write rows and ratios here")
-    parser.add_argument("--markdown", type=Path, help="write the Markdown report here (docs/benchmarks.md)")
-    args = parser.parse_args(argv)
+    from ._cli import bench_parser
+
+    args = bench_parser().parse_args(argv)
 
     bench = Bench(args.threads, args.warmup, args.repeat, args.triad_library)
     environment = {

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from . import _slices, specs
 
@@ -71,13 +70,12 @@ def markdown() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
+    from ._cli import ops_parser
 
-    parser = argparse.ArgumentParser(prog="python -m opbridge ops", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--markdown", type=Path, help="write the table here (docs/ops.md)")
-    parser.add_argument("--check", type=Path, help="exit 1 if this file differs from the table")
-    args = parser.parse_args(argv)
-    import opbridge  # noqa: F401  the op modules and mappings register on import
+    args = ops_parser().parse_args(argv)
+    import opbridge
+
+    opbridge._load()  # the op modules and mappings register on import
 
     text = markdown()
     if args.check:

@@ -404,25 +404,18 @@ def to_json(results: Sequence[CellResult]) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
+    from ._cli import parity_parser
 
-    parser = argparse.ArgumentParser(prog="python -m opbridge parity", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ops", nargs="+", help="ops to run (default: all)")
-    parser.add_argument("--exporters", nargs="+", choices=EXPORTERS, default=list(EXPORTERS))
-    parser.add_argument("--lowerings", nargs="+", choices=specs.LOWERING_KINDS, default=list(specs.LOWERING_KINDS))
-    parser.add_argument("--opsets", nargs="+", type=int, help="opsets to run (default: all each exporter supports)")
-    parser.add_argument("--dtypes", nargs="+", help="dtypes to run, e.g. float32 (default: all the op supports)")
-    parser.add_argument("--paths", nargs="+", help="call paths to run, e.g. pybind (default: all)")
-    parser.add_argument(
-        "--quick", action="store_true",
-        help="representative opsets only (legacy: 9, 13, 17 and its newest; dynamo: 18 and its newest)",
-    )  # fmt: skip
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
-    parser.add_argument("--json", help="write the results to this JSON file")
+    parser = parity_parser()
     args = parser.parse_args(argv)
 
-    import opbridge  # noqa: F401  the specs register on import
+    import opbridge
 
+    opbridge._load()  # the specs register on import (under `python -m opbridge`, when a command needs them)
+    known = sorted(s.name for s in specs.all_specs())
+    unknown = sorted(set(args.ops or ()) - set(known))
+    if unknown:
+        parser.error(f"unknown op(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     opsets = args.opsets
     if args.quick and opsets is None:
         opsets = {9, 13, 17, 18, matrix_opsets("legacy")[-1], matrix_opsets("dynamo")[-1]} - {

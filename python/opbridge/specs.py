@@ -162,6 +162,12 @@ def register(spec: OpSpec) -> OpSpec:
     return spec
 
 
+def unregister(name: str) -> None:
+    """Removes a spec (``register_mapping(..., override=True)`` replacing a mapping)."""
+    _REGISTRY.pop(name, None)
+    _BUILTIN.discard(name)
+
+
 def get(name: str) -> OpSpec:
     try:
         return _REGISTRY[name]

@@ -89,16 +89,22 @@ def _is_registered(options: onnxruntime.SessionOptions) -> bool:
 def session_options(options: onnxruntime.SessionOptions | None = None) -> onnxruntime.SessionOptions:
     """Session options with the opbridge library registered.
 
-    Registers on ``options`` if given (at most once, however often it is called),
-    otherwise on new default options, and returns them.
+    Registers on ``options`` if given, otherwise on new default options, and returns them. Options that
+    already carry the library (from this function, or from ``options.register_custom_ops_library(
+    library_path())`` by hand) keep it once: registering twice is harmless.
+
+    Raises:
+        TypeError: ``options`` is not an ``onnxruntime.SessionOptions``.
+        FileNotFoundError: the library is missing (see :func:`library_path`).
     """
     import onnxruntime
 
     if options is None:
         options = onnxruntime.SessionOptions()
+    if not isinstance(options, onnxruntime.SessionOptions):
+        raise TypeError(f"options must be an onnxruntime.SessionOptions or None, got {type(options).__name__}")
     if not _is_registered(options):
         options.register_custom_ops_library(library_path())
-        options.add_session_config_entry(_REGISTERED_KEY, "1")
     return options
 
 
@@ -119,6 +125,10 @@ def InferenceSession(
         model = model.SerializeToString()
     elif isinstance(model, os.PathLike):
         model = os.fspath(model)
+    if not isinstance(model, (str, bytes)):
+        raise TypeError(
+            f"model must be a path, the bytes of a serialized model or an onnx.ModelProto, got {type(model).__name__}"
+        )
     return onnxruntime.InferenceSession(
         model,
         sess_options=session_options(sess_options),

@@ -142,17 +142,28 @@ def _try_session(model_bytes: bytes, with_library: bool) -> str:
     return "loads"
 
 
-def main(argv: list[str] | None = None) -> int:
+DESCRIPTION = (
+    "Lists a model's opsets and nodes by domain and says, for each op, whether the installed ONNX Runtime can "
+    "run it without and with the opbridge library, and what to do when it cannot. Exit status: 0 if the model "
+    "loads in ONNX Runtime with the opbridge library, 1 if it does not, 2 if the file is not an ONNX model."
+)
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m opbridge inspect") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    parser.add_argument("model", help="path of an .onnx model")
+    args = parser.parse_args(argv)
+
     import onnx
     import onnxruntime
 
-    parser = argparse.ArgumentParser(prog="python -m opbridge inspect", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", help="path of an .onnx model")
-    args = parser.parse_args(argv)
     try:
         model = onnx.load(args.model, load_external_data=False)
     except Exception as error:
         print(f"cannot read {args.model} as an ONNX model: {error}", file=sys.stderr)
+        return 2
+    if model.ir_version == 0 or not model.HasField("graph"):  # e.g. an empty file parses as an empty message
+        print(f"cannot read {args.model} as an ONNX model: it has no IR version or no graph", file=sys.stderr)
         return 2
     opsets, reports = inspect_model(model)
     print(
@@ -174,10 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         for r in advice:
             print(f"  {r.domain or 'ai.onnx'}::{r.op_type}: {r.advice}")
     data = model.SerializeToString() if not _has_external_data(model) else None
-    if data is not None:
-        print(f"\nsession without the opbridge library: {_try_session(data, False)}")
-        print(f"session with the opbridge library:    {_try_session(data, True)}")
     runnable = all(r.with_library for r in reports)
+    if data is not None:
+        with_library = _try_session(data, True)
+        print(f"\nsession without the opbridge library: {_try_session(data, False)}")
+        print(f"session with the opbridge library:    {with_library}")
+        if with_library != "loads":
+            print("\nthe model does not load in this ONNX Runtime, even with the opbridge library", file=sys.stderr)
+            runnable = False
     return 0 if runnable else 1
 
 

@@ -63,7 +63,11 @@ __all__ = [
 
 
 def supported_opsets(dynamo: bool) -> range:
-    """Opsets opbridge exports with the given exporter under the installed torch/onnxscript."""
+    """Opsets opbridge exports with the given exporter under the installed torch and onnxscript: the
+    TorchScript-based one (``dynamo=False``) 9 .. 20, the dynamo one 18 .. the newest onnxscript converts to
+    (25 with onnxscript 0.7). The parity matrix runs every one of them."""
+    if not isinstance(dynamo, bool):
+        raise TypeError(f"supported_opsets: dynamo must be True or False, got {dynamo!r}")
     if dynamo:
         return range(_dynamo.MIN_OPSET, _dynamo.max_opset() + 1)
     return range(_legacy.MIN_OPSET, _legacy.max_opset() + 1)
@@ -104,6 +108,10 @@ def export(
         raise ValueError(f"lowering must be one of {', '.join(map(repr, LOWERING_KINDS))}, got {lowering!r}")
     for reserved in ("dynamo", "opset_version"):
         kwargs.pop(reserved, None)
+    if opset_version is not None and (isinstance(opset_version, bool) or not isinstance(opset_version, int)):
+        raise TypeError(f"opset_version must be an int (e.g. 18) or None, got {opset_version!r}")
+    if not isinstance(dynamo, bool):
+        raise TypeError(f"dynamo must be True or False, got {dynamo!r}")
     if opset_version is None:
         from torch.onnx import _constants
 

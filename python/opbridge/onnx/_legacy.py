@@ -13,18 +13,30 @@ from collections.abc import Callable
 import torch
 
 from .. import specs
+from . import _torch_hooks
 from ._state import current_lowering, functions_attached
 from .builder import LegacyBuilder
 
-#: The lowest opset the TorchScript-based exporter accepts.
-MIN_OPSET = 7
+#: The lowest opset opbridge exports with the TorchScript-based exporter. torch accepts 7 and 8 too, but its
+#: dispatch of custom symbolics below 9 is inconsistent (a rule registered for 7 is refused at 8), and opsets
+#: below 9 predate most of ONNX; the matrix measures 9 .. the exporter's newest.
+MIN_OPSET = 9
 
 
 def symbolic_for(name: str) -> Callable:
-    spec = specs.get(name)
+    torch_op = specs.get(name).torch_op
 
     def symbolic(g, *args):
-        lowering = spec.lowering(current_lowering(), g.opset)
+        # The op's spec now, not at registration: register_mapping(..., override=True) may have replaced it.
+        spec = next(s for s in reversed(specs.all_specs()) if s.torch_op == torch_op)
+        try:
+            lowering = spec.lowering(current_lowering(), g.opset)
+        except specs.LoweringError:
+            # No opbridge lowering at this opset: torch's own rule, where it has one (as without opbridge).
+            builtin = _torch_hooks.legacy_builtin_symbolic(spec.torch_op, g.opset)
+            if builtin is None or spec.namespace == "opbridge":
+                raise
+            return builtin(g, *args)
         if lowering.kind == "function" and not functions_attached.get():
             raise specs.LoweringError(
                 f"{spec.torch_op}: the 'function' lowering with torch.onnx.export(..., dynamo=False) would write a "

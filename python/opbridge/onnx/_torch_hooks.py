@@ -244,3 +244,27 @@ def _patch_decomp(module: ModuleType) -> None:
     create_onnx_friendly_decomposition_table.__opbridge_wrapped__ = True
     module.create_onnx_friendly_decomposition_table = create_onnx_friendly_decomposition_table
     status[DECOMPOSITION] = "installed"
+
+
+# --- the TorchScript-based exporter: torch's own rule of an op ---------------------------------------------------
+
+_LEGACY_REGISTRATIONS = ("torch.onnx._internal.torchscript_exporter.registration", "torch.onnx._internal.registration")
+
+
+def legacy_builtin_symbolic(name: str, opset: int) -> Callable | None:
+    """torch's own symbolic of ``name`` ("aten::log1p") for ``opset``, ignoring custom ones (opbridge's), or
+    None. Used where an opbridge mapping has no lowering at the opset being exported, so that the exporter's
+    own rule applies as it would without opbridge. The registry is private (its module moved in torch 2.9):
+    on a torch where it cannot be read, the caller reports that no rule applies."""
+    import importlib
+
+    for module_name in _LEGACY_REGISTRATIONS:
+        try:
+            registration = importlib.import_module(module_name)
+            group = registration.registry.get_function_group(name)
+            base = group._functions._base if group is not None else {}
+            version = registration._dispatch_opset_version(opset, base)
+        except (ImportError, AttributeError, TypeError):
+            continue
+        return base.get(version) if version is not None else None
+    return None

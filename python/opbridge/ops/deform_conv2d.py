@@ -20,11 +20,12 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
-from .. import specs
+from .. import _checks, specs
 from ..specs import LoweringError
 
 #: Public names: ``opbridge.<name>``; ``NN_MODULES`` go to ``opbridge.nn``.
@@ -35,24 +36,28 @@ NN_MODULES = ["DeformConv2d"]
 # --- torch ---------------------------------------------------------------------------------------------------------
 
 
-def _pair(value, name: str) -> list[int]:
+_OP = "opbridge.deform_conv2d"
+IntPair = Union[int, tuple[int, int], list[int]]  # noqa: UP007  (TorchScript reads typing.Union, not |)
+
+
+def _pair(value: IntPair) -> list[int]:
+    """An int or a pair as a list of two (TorchScript-compatible; the eager path checks types first)."""
     if isinstance(value, int):
         return [value, value]
-    values = [int(v) for v in value]
-    if len(values) != 2:
-        raise ValueError(f"opbridge.deform_conv2d: {name} must be an int or a pair of ints, got {value!r}")
-    return values
+    if isinstance(value, list):
+        return [value[0], value[1]]
+    return [value[0], value[1]]  # a tuple (TorchScript needs each refined type spelled out)
 
 
 def deform_conv2d(
     input: Tensor,
     offset: Tensor,
     weight: Tensor,
-    bias: Tensor | None = None,
-    stride=(1, 1),
-    padding=(0, 0),
-    dilation=(1, 1),
-    mask: Tensor | None = None,
+    bias: Optional[Tensor] = None,  # noqa: UP045  (TorchScript)
+    stride: IntPair = (1, 1),
+    padding: IntPair = (0, 0),
+    dilation: IntPair = (1, 1),
+    mask: Optional[Tensor] = None,  # noqa: UP045  (TorchScript)
 ) -> Tensor:
     """Deformable convolution v1 (``mask=None``) and v2: ``torch.ops.opbridge.deform_conv2d``.
 
@@ -63,35 +68,47 @@ def deform_conv2d(
         offset: ``[N, 2 * offset_groups * kh * kw, H_out, W_out]``, (dy, dx) per kernel tap.
         weight: ``[C_out, C_in / groups, kh, kw]``; ``groups`` follows from the shapes.
         bias: ``[C_out]`` or None.
-        stride, padding, dilation: an int or a pair (height, width).
+        stride, padding, dilation: an int or a pair of ints (height, width); stride and dilation >= 1,
+            padding >= 0. Floats and bools are refused, as torchvision does.
         mask: ``[N, offset_groups * kh * kw, H_out, W_out]`` or None.
 
-    float32 or float64, CPU. Exports to ONNX ``DeformConv`` (opset >= 19), to standard
-    ops below that, or to one ``opbridge::DeformConv2d`` node (see opbridge.onnx.export).
-    Not differentiable (forward only).
+    Returns:
+        ``[N, C_out, H_out, W_out]`` of the input's dtype.
+
+    Raises:
+        TypeError: a required tensor is missing or not a tensor; stride, padding or dilation is not an int or
+            a pair of ints.
+        ValueError: stride or dilation below 1, padding below 0.
+        RuntimeError: dtypes differ or are not float32/float64, a tensor is not on the CPU (or, for meta and
+            fake tensors, not all on one device), or the shapes disagree (the message gives the numbers).
+
+    float32 or float64, CPU. Scriptable (``torch.jit.script``), traceable by ``torch.export`` and
+    ``torch.compile``. Exports to ONNX ``DeformConv`` (opset >= 19), to standard ops below that, or to one
+    ``opbridge::DeformConv2d`` node (see :mod:`opbridge.onnx`). Not differentiable (forward only).
     """
+    if not torch.jit.is_scripting():
+        for name, value in (("input", input), ("offset", offset), ("weight", weight)):
+            _checks.tensor(_OP, name, value)
+        _checks.tensor(_OP, "bias", bias, optional=True)
+        _checks.tensor(_OP, "mask", mask, optional=True)
+        stride = _checks.int_pair(_OP, "stride", stride, minimum=1)
+        padding = _checks.int_pair(_OP, "padding", padding, minimum=0)
+        dilation = _checks.int_pair(_OP, "dilation", dilation, minimum=1)
     return torch.ops.opbridge.deform_conv2d(
-        input,
-        offset,
-        weight,
-        bias,
-        _pair(stride, "stride"),
-        _pair(padding, "padding"),
-        _pair(dilation, "dilation"),
-        mask,
+        input, offset, weight, bias, _pair(stride), _pair(padding), _pair(dilation), mask
     )
 
 
 @torch.library.register_fake("opbridge::deform_conv2d")
 def _deform_conv2d_fake(input, offset, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), mask=None):
     # Defaults as in the schema: tracers drop trailing arguments left at their defaults.
-    stride, padding, dilation = (
-        _pair(v, n) for v, n in ((stride, "stride"), (padding, "padding"), (dilation, "dilation"))
-    )
+    op = "opbridge::deform_conv2d"
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    _checks.one_device(op, input=input, offset=offset, weight=weight, bias=bias, mask=mask)
     torch._check(
         input.dim() == 4 and weight.dim() == 4 and offset.dim() == 4,
         lambda: (
-            "opbridge::deform_conv2d: input, weight and offset must be 4-D, got shapes "
+            f"{op}: input, weight and offset must be 4-D, got shapes "
             f"{tuple(input.shape)}, {tuple(weight.shape)} and {tuple(offset.shape)}"
         ),
     )
@@ -99,9 +116,16 @@ def _deform_conv2d_fake(input, offset, weight, bias=None, stride=(1, 1), padding
         torch._check(
             tensor is None or tensor.dtype == input.dtype,
             lambda name=name, tensor=tensor: (
-                f"opbridge::deform_conv2d: {name} must have the dtype of input ({input.dtype}), got {tensor.dtype}"
+                f"{op}: {name} must have the dtype of input ({input.dtype}), got {tensor.dtype}"
             ),
         )
+    torch._check(
+        weight.shape[1] > 0 and input.shape[1] % weight.shape[1] == 0,
+        lambda: (
+            f"{op}: weight.shape[1] (in_channels / groups = {weight.shape[1]}) must divide the {input.shape[1]} "
+            f"channels of input; got input of shape {tuple(input.shape)} and weight of shape {tuple(weight.shape)}"
+        ),
+    )
     kernel_h, kernel_w = weight.shape[2], weight.shape[3]
     out_h = (input.shape[2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
     out_w = (input.shape[3] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
@@ -109,30 +133,66 @@ def _deform_conv2d_fake(input, offset, weight, bias=None, stride=(1, 1), padding
 
 
 class DeformConv2d(torch.nn.Module):
-    """``torchvision.ops.DeformConv2d``'s twin over :func:`opbridge.deform_conv2d`.
+    """``torchvision.ops.DeformConv2d``'s drop-in twin over :func:`opbridge.deform_conv2d`: the same arguments,
+    defaults, attributes (``in_channels``, ``out_channels``, ``kernel_size``, ``stride``, ``padding``,
+    ``dilation``, ``groups``), initialisation (``reset_parameters``) and ``state_dict`` keys (``weight``, and
+    ``bias``, registered as None with ``bias=False``), so checkpoints load both ways.
 
-    ``forward(input, offset, mask=None)``; the offset (and mask) usually come
-    from a regular convolution of the input.
+    ``forward(input, offset, mask=None)``; the offset (and mask) usually come from a regular convolution of
+    the input. Scriptable.
+
+    Raises:
+        TypeError: a size argument is not an int (or a pair of ints).
+        ValueError: ``groups`` does not divide ``in_channels`` and ``out_channels``, or a size is out of range.
     """
 
     def __init__(
-        self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: IntPair,
+        stride: IntPair = 1,
+        padding: IntPair = 0,
+        dilation: IntPair = 1,
+        groups: int = 1,
         bias: bool = True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
+        op = "opbridge.nn.DeformConv2d"
+        for name, value in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
+            _checks.int_pair(op, name, (value, value), minimum=1)  # an int >= 1
         if in_channels % groups or out_channels % groups:
-            raise ValueError(f"groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}")
-        kernel = _pair(kernel_size, "kernel_size")
-        self.stride, self.padding, self.dilation = stride, padding, dilation
-        self.weight = torch.nn.Parameter(torch.empty(out_channels, in_channels // groups, *kernel))
-        self.bias = torch.nn.Parameter(torch.empty(out_channels)) if bias else None
+            raise ValueError(
+                f"{op}: groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}"
+            )
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size = tuple(_checks.int_pair(op, "kernel_size", kernel_size, minimum=1))
+        self.stride = tuple(_checks.int_pair(op, "stride", stride, minimum=1))
+        self.padding = tuple(_checks.int_pair(op, "padding", padding, minimum=0))
+        self.dilation = tuple(_checks.int_pair(op, "dilation", dilation, minimum=1))
+        self.weight = torch.nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """torchvision's (and ``nn.Conv2d``'s) initialisation: Kaiming-uniform weight, uniform bias."""
         torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
             bound = 1 / math.sqrt(self.weight[0].numel())
             torch.nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, input: torch.Tensor, offset: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input: Tensor, offset: Tensor, mask: Optional[Tensor] = None) -> Tensor:  # noqa: UP045
         return deform_conv2d(input, offset, self.weight, self.bias, self.stride, self.padding, self.dilation, mask)
+
+    def extra_repr(self) -> str:
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        text += f", padding={self.padding}" if self.padding != (0, 0) else ""
+        text += f", dilation={self.dilation}" if self.dilation != (1, 1) else ""
+        text += f", groups={self.groups}" if self.groups != 1 else ""
+        return text + (", bias=False" if self.bias is None else "")
 
 
 # --- ONNX ---------------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import specs
+from .. import _checks, specs
 from ..onnx import functions
 
 #: Public names: ``opbridge.<name>``; ``NN_MODULES`` go to ``opbridge.nn``.
@@ -37,12 +37,21 @@ def my_add(a: Tensor, b: Tensor) -> Tensor:
     Differentiable in both inputs, traceable by ``torch.jit.script``/``trace``,
     ``torch.export`` and ``torch.compile``, and exportable to ONNX with either of
     torch's exporters (see :mod:`opbridge.onnx`).
+
+    Raises:
+        TypeError: ``a`` or ``b`` is not a tensor.
+        RuntimeError: dtypes differ or are not floating, shapes do not broadcast, or a tensor is not on the
+            CPU (meta and fake tensors go to the fake kernel, which requires one device for both).
     """
+    if not torch.jit.is_scripting():
+        _checks.tensor("opbridge.my_add", "a", a)
+        _checks.tensor("opbridge.my_add", "b", b)
     return torch.ops.opbridge.my_add(a, b)
 
 
 @torch.library.register_fake("opbridge::my_add")
 def _my_add_fake(a: Tensor, b: Tensor) -> Tensor:
+    _checks.one_device("opbridge::my_add", a=a, b=b)
     torch._check(
         a.dtype == b.dtype,
         lambda: f"opbridge::my_add: a and b must have the same dtype, got a: {a.dtype} and b: {b.dtype}",
@@ -102,7 +111,7 @@ class MyAdd(torch.nn.Module):
     """``MyAdd()(a, b) == 2 * a + b``; see :func:`opbridge.my_add`."""
 
     def forward(self, a: Tensor, b: Tensor) -> Tensor:
-        return torch.ops.opbridge.my_add(a, b)
+        return my_add(a, b)
 
 
 # --- ONNX ----------------------------------------------------------------------------------------------------------

@@ -1,0 +1,45 @@
+"""Argument checks of the Python wrappers and fake kernels, with messages that name the op, the argument
+and what was expected. Wrappers run them only outside TorchScript (``torch.jit.is_scripting()``), where
+the compiler itself enforces the annotated types."""
+
+from __future__ import annotations
+
+import torch
+
+
+def tensor(op: str, name: str, value, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, torch.Tensor):
+        expected = "a tensor or None" if optional else "a tensor"
+        raise TypeError(f"{op}: {name} must be {expected}, got {type(value).__name__}")
+
+
+def _is_int(value) -> bool:
+    # bool is an int in Python, never a size; SymInt appears under torch.export / torch.compile.
+    return (isinstance(value, int) and not isinstance(value, bool)) or isinstance(value, torch.SymInt)
+
+
+def int_pair(op: str, name: str, value, minimum: int) -> list[int]:
+    """An int or a pair of ints (tuple or list), each >= ``minimum``, as a list of two."""
+    values = [value, value] if _is_int(value) else value
+    if not isinstance(values, (tuple, list)) or len(values) != 2 or not all(_is_int(v) for v in values):
+        raise TypeError(f"{op}: {name} must be an int or a pair of ints, got {value!r}")
+    for v in values:
+        if not isinstance(v, torch.SymInt) and v < minimum:
+            raise ValueError(f"{op}: {name} must be >= {minimum}, got {value!r}")
+    return list(values)
+
+
+def one_device(op: str, **tensors) -> None:
+    """All tensors on one device (for fake kernels: a meta or fake call with mixed devices must fail, as the
+    real kernel does, instead of producing an output on one of them)."""
+    present = {name: t for name, t in tensors.items() if t is not None}
+    devices = {t.device for t in present.values()}
+    torch._check(
+        len(devices) <= 1,
+        lambda: (
+            f"{op}: expected all tensors on one device, got "
+            + ", ".join(f"{name} on {t.device}" for name, t in present.items())
+        ),
+    )

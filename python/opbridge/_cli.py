@@ -1,0 +1,72 @@
+"""The command line's parsers, importable without torch: ``python -m opbridge COMMAND --help`` answers
+in a fraction of a second, and a bad argument is reported before anything heavy loads."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+#: Kept equal to opbridge.specs.LOWERING_KINDS and opbridge.parity.EXPORTERS (tests/test_contract.py checks).
+LOWERING_KINDS = ("standard", "custom", "function")
+EXPORTERS = ("legacy", "dynamo")
+BENCH_OPS = ("my_add", "deform_conv2d", "framework")
+
+COMMANDS = {
+    "parity": "the parity matrix: ONNX Runtime vs PyTorch for every op, call path, exporter, lowering, opset, dtype",
+    "inspect": "what a model needs to run in ONNX Runtime, with and without the opbridge library",
+    "bench": "the benchmarks, with ratios against baselines measured in the same run",
+    "ops": "the table of opbridge's ops and mappings (docs/ops.md)",
+}
+
+
+def main_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m opbridge",
+        description="opbridge's commands; `python -m opbridge COMMAND --help` for each.",
+        epilog="\n".join(f"  {name:8} {text}" for name, text in COMMANDS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", choices=list(COMMANDS), help="the command to run")
+    parser.add_argument("arguments", nargs=argparse.REMAINDER, help="the command's own arguments")
+    return parser
+
+
+def parity_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m opbridge parity", description=COMMANDS["parity"] + ".")
+    parser.add_argument("--ops", nargs="+", help="ops to run (default: all; an unknown name lists the valid ones)")
+    parser.add_argument("--exporters", nargs="+", choices=EXPORTERS, default=list(EXPORTERS))
+    parser.add_argument("--lowerings", nargs="+", choices=LOWERING_KINDS, default=list(LOWERING_KINDS))
+    parser.add_argument("--opsets", nargs="+", type=int, help="opsets to run (default: all each exporter supports)")
+    parser.add_argument("--dtypes", nargs="+", help="dtypes to run, e.g. float32 (default: all the op supports)")
+    parser.add_argument("--paths", nargs="+", help="call paths to run, e.g. pybind (default: all)")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="representative opsets only (legacy: 9, 13, 17 and its newest; dynamo: 18 and its newest)",
+    )  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    parser.add_argument("--json", help="write the results to this JSON file")
+    return parser
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m opbridge bench", description=COMMANDS["bench"] + ".")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--ops", nargs="+", choices=BENCH_OPS, default=list(BENCH_OPS))
+    parser.add_argument("--parity-report", type=Path, help="a `nox -s parity` JSON report, for its throughput")
+    parser.add_argument("--triad-library", help="libopbridge_bench.so (the triad); built by `nox -s bench`")
+    parser.add_argument("--json", type=Path, help="write rows and ratios here")
+    parser.add_argument("--markdown", type=Path, help="write the Markdown report here (docs/benchmarks.md)")
+    return parser
+
+
+def ops_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m opbridge ops", description=COMMANDS["ops"] + ".")
+    parser.add_argument("--markdown", type=Path, help="write the table here (docs/ops.md)")
+    parser.add_argument("--check", type=Path, help="exit 1 if this file differs from the table")
+    return parser
+
+
+PARSERS = {"parity": parity_parser, "bench": bench_parser, "ops": ops_parser}

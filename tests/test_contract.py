@@ -1,0 +1,400 @@
+"""The API contract (docs/api.md), table-driven: for every public entry point, bad inputs and the error type
+plus the words its message must contain (the argument's name and the expectation). A public name added
+without cases fails `test_every_entry_point_has_cases`. Also: no op returns a result for inputs on mixed
+devices, and the command line answers --help on stdout, fast, and lists valid values on bad ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+import opbridge
+import opbridge_ort
+from opbridge import _cli, parity, specs
+
+X = torch.randn(1, 4, 5, 5)
+W = torch.randn(6, 4, 3, 3)
+OFFSET = torch.zeros(1, 18, 3, 3)
+
+
+def _my_add_model():
+    return opbridge.nn.MyAdd().eval(), (torch.randn(2), torch.randn(2))
+
+
+# entry point -> [(call, error type, words the message must contain)]
+CASES: dict[str, list] = {
+    "opbridge.my_add": [
+        (lambda: opbridge.my_add(torch.ones(2), None), TypeError, ["opbridge.my_add", "b must be a tensor"]),
+        (lambda: opbridge.my_add([1.0], torch.ones(2)), TypeError, ["a must be a tensor", "list"]),
+        (
+            lambda: opbridge.my_add(torch.ones(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32)),
+            RuntimeError,
+            ["float32, float64 or float16", "Int"],
+        ),
+        (lambda: opbridge.my_add(torch.ones(2), torch.ones(2, dtype=torch.float64)), RuntimeError, ["same dtype"]),
+        (lambda: opbridge.my_add(torch.ones(2, 3), torch.ones(4)), RuntimeError, ["[2, 3]", "[4]", "broadcast"]),
+        (lambda: opbridge.my_add(torch.ones(2), torch.ones(2, device="meta")), RuntimeError, ["one device", "meta"]),
+    ],
+    "opbridge._C.my_add": [
+        (lambda: opbridge._C.my_add(torch.ones(2), None), TypeError, ["my_add"]),
+        (lambda: opbridge._C.my_add(torch.ones(2), torch.ones(3)), RuntimeError, ["cannot be broadcast"]),
+    ],
+    "opbridge.MyAddFunction": [
+        (lambda: opbridge.MyAddFunction.apply(torch.ones(2), torch.ones(3)), RuntimeError, ["cannot be broadcast"]),
+        (
+            lambda: opbridge.MyAddFunction.apply(torch.ones(2), torch.ones(2, device="meta")),
+            RuntimeError,
+            ["one device"],
+        ),
+    ],
+    "opbridge.nn.MyAdd": [
+        (lambda: opbridge.nn.MyAdd()(torch.ones(2), None), TypeError, ["b must be a tensor"]),
+    ],
+    "opbridge.deform_conv2d": [
+        (lambda: opbridge.deform_conv2d(X, None, W), TypeError, ["offset must be a tensor", "NoneType"]),
+        (lambda: opbridge.deform_conv2d(X, OFFSET, W, bias="b"), TypeError, ["bias must be a tensor or None"]),
+        (
+            lambda: opbridge.deform_conv2d(X, OFFSET, W, stride=(1.7, 1.7)),
+            TypeError,
+            ["stride must be an int or a pair of ints", "1.7"],
+        ),
+        (lambda: opbridge.deform_conv2d(X, OFFSET, W, stride=1.5), TypeError, ["stride", "1.5"]),
+        (lambda: opbridge.deform_conv2d(X, OFFSET, W, padding=(0.9, 0.9)), TypeError, ["padding", "0.9"]),
+        (lambda: opbridge.deform_conv2d(X, OFFSET, W, dilation=True), TypeError, ["dilation", "True"]),
+        (lambda: opbridge.deform_conv2d(X, OFFSET, W, stride=(1, 2, 3)), TypeError, ["stride", "pair"]),
+        (lambda: opbridge.deform_conv2d(X, OFFSET, W, padding=-1), ValueError, ["padding must be >= 0"]),
+        (lambda: opbridge.deform_conv2d(X, OFFSET, W, stride=0), ValueError, ["stride must be >= 1"]),
+        (
+            lambda: opbridge.deform_conv2d(X, OFFSET, torch.randn(6, 8, 3, 3)),
+            RuntimeError,
+            ["in_channels / groups = 8", "4 channels of input"],
+        ),
+        (lambda: opbridge.deform_conv2d(X.int(), OFFSET.int(), W.int()), RuntimeError, ["float32 or float64"]),
+        (lambda: opbridge.deform_conv2d(X, OFFSET.double(), W), RuntimeError, ["offset must have the dtype of input"]),
+        (lambda: opbridge.deform_conv2d(X, OFFSET, W.to("meta")), RuntimeError, ["one device", "weight on meta"]),
+        (lambda: opbridge.deform_conv2d(X, OFFSET[:, :3], W), RuntimeError, ["offset"]),
+        (lambda: opbridge.deform_conv2d(X[0], OFFSET, W), RuntimeError, ["4-D"]),
+    ],
+    "opbridge.nn.DeformConv2d": [
+        (lambda: opbridge.nn.DeformConv2d(4, 6, 3, groups=4), ValueError, ["groups=4", "out_channels=6"]),
+        (lambda: opbridge.nn.DeformConv2d(4, 6, 1.5), TypeError, ["kernel_size", "1.5"]),
+        (lambda: opbridge.nn.DeformConv2d(4.0, 6, 3), TypeError, ["in_channels"]),
+        (lambda: opbridge.nn.DeformConv2d(0, 6, 3), ValueError, ["in_channels must be >= 1"]),
+        (lambda: opbridge.nn.DeformConv2d(4, 6, 3, stride=0), ValueError, ["stride must be >= 1"]),
+        (lambda: opbridge.nn.DeformConv2d(4, 6, 3)(X, None), TypeError, ["offset must be a tensor"]),
+    ],
+    "opbridge.onnx.export": [
+        (
+            lambda: opbridge.onnx.export(*_my_add_model(), None, lowering="fused"),
+            ValueError,
+            ["lowering must be one of", "fused"],
+        ),
+        (
+            lambda: opbridge.onnx.export(*_my_add_model(), None, opset_version="17"),
+            TypeError,
+            ["opset_version must be an int", "'17'"],
+        ),
+        (
+            lambda: opbridge.onnx.export(*_my_add_model(), None, opset_version=8, dynamo=False),
+            ValueError,
+            ["opset_version=8", "9..20"],
+        ),
+        (
+            lambda: opbridge.onnx.export(*_my_add_model(), None, opset_version=9, dynamo=True),
+            ValueError,
+            ["use dynamo=False"],
+        ),
+        (
+            lambda: opbridge.onnx.export(*_my_add_model(), None, dynamo="yes"),
+            TypeError,
+            ["dynamo must be True or False"],
+        ),
+    ],
+    "opbridge.onnx.register_mapping": [
+        (
+            lambda: opbridge.onnx.register_mapping("aten::log1p", lambda b, x: x, kind="standart"),
+            ValueError,
+            ["kind must be one of", "standart"],
+        ),
+        (
+            lambda: opbridge.onnx.register_mapping("aten::log1p", lambda b, x: x, min_opset=15, max_opset=10),
+            ValueError,
+            ["min_opset=15", "max_opset=10"],
+        ),
+        (lambda: opbridge.onnx.register_mapping("aten::log1p", "Log1p"), TypeError, ["build must be a function"]),
+        (lambda: opbridge.onnx.register_mapping("aten::asinhh", lambda b, x: x), ValueError, ["no op 'aten::asinhh'"]),
+        (lambda: opbridge.onnx.register_mapping("asinh", lambda b, x: x), ValueError, ["'namespace::name'"]),
+        (lambda: opbridge.onnx.register_mapping("aten::log1p", lambda b: b), TypeError, ["build(b, self)"]),
+        (
+            lambda: opbridge.onnx.register_mapping("aten::log1p", lambda b, x: x, min_opset="9"),
+            TypeError,
+            ["min_opset must be an int"],
+        ),
+        (
+            lambda: opbridge.onnx.register_mapping("aten::asinh", lambda b, x: b.op("Asinh", x)),
+            ValueError,
+            ["already has a mapping", "built into opbridge", "override=True"],
+        ),
+    ],
+    "opbridge.onnx.lowering": [
+        (lambda: opbridge.onnx.lowering("fused").__enter__(), ValueError, ["lowering must be one of", "fused"]),
+    ],
+    "opbridge.onnx.set_default_lowering": [
+        (lambda: opbridge.onnx.set_default_lowering("Custom"), ValueError, ["lowering must be one of", "Custom"]),
+    ],
+    "opbridge.onnx.translation_table": [
+        (lambda: opbridge.onnx.translation_table("fused"), ValueError, ["unknown lowering 'fused'"]),
+    ],
+    "opbridge.onnx.supported_opsets": [
+        (lambda: opbridge.onnx.supported_opsets("dynamo"), TypeError, ["dynamo must be True or False"]),
+    ],
+    "opbridge.onnx.functions": [
+        (
+            lambda: opbridge.onnx.functions.register("F", "not a function", inputs=("X",)),
+            TypeError,
+            ["make_body must be a function"],
+        ),
+    ],
+    "opbridge_ort.library_path": [
+        (
+            lambda: _with_env({"OPBRIDGE_ORT_LIBRARY": "/nonexistent/lib.so"}, opbridge_ort.library_path),
+            FileNotFoundError,
+            ["OPBRIDGE_ORT_LIBRARY", "/nonexistent/lib.so"],
+        ),
+    ],
+    "opbridge_ort.ops": [
+        (lambda: opbridge_ort.ops("/nonexistent/lib.so"), FileNotFoundError, ["/nonexistent/lib.so"]),
+    ],
+    "opbridge_ort.session_options": [
+        (lambda: opbridge_ort.session_options("options"), TypeError, ["onnxruntime.SessionOptions", "str"]),
+    ],
+    "opbridge_ort.InferenceSession": [
+        (lambda: opbridge_ort.InferenceSession(123), TypeError, ["model must be a path", "int"]),
+        (lambda: opbridge_ort.InferenceSession(b"not a model"), Exception, ["protobuf parsing failed"]),
+    ],
+}
+
+# Public names that take no arguments a user could get wrong, or are types and constants: why each has no cases.
+NO_BAD_INPUT = {
+    "opbridge.onnx.current_lowering": "takes no arguments",
+    "opbridge.onnx.register_schemas": "takes no arguments",
+    "opbridge.onnx.LOWERING_KINDS": "a constant",
+    "opbridge.onnx.LoweringError": "an exception type",
+    "opbridge.onnx.DynamoBuilder": "constructed by the exporters for lowering functions, not by users",
+    "opbridge.onnx.LegacyBuilder": "constructed by the exporters for lowering functions, not by users",
+    "opbridge_ort.DOMAIN": "a constant",
+    "opbridge_ort.OPS": "a constant (the library's op list)",
+}
+
+
+def _with_env(env: dict, call):
+    import os
+
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return call()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _public_entry_points() -> set[str]:
+    names = {f"opbridge.{n}" for n in opbridge.__all__}
+    names |= {f"opbridge.nn.{n}" for n in opbridge.nn.__all__}
+    names |= {f"opbridge.onnx.{n}" for n in opbridge.onnx.__all__}
+    names |= {f"opbridge_ort.{n}" for n in opbridge_ort.__all__}
+    names |= {
+        f"opbridge._C.{n}" for n in dir(opbridge._C) if callable(getattr(opbridge._C, n)) and not n.startswith("_")
+    }
+    return names
+
+
+def test_every_entry_point_has_cases():
+    missing = sorted(_public_entry_points() - set(CASES) - set(NO_BAD_INPUT))
+    assert not missing, f"public entry points without contract cases in tests/test_contract.py: {missing}"
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [pytest.param(*case, id=f"{name}-{index}") for name, cases in CASES.items() for index, case in enumerate(cases)],
+)
+def test_bad_input_gives_a_clear_error(call, error, words):
+    with pytest.raises(error) as raised:
+        call()
+    message = str(raised.value)
+    for word in words:
+        assert word in message, f"the message lacks {word!r}: {message}"
+
+
+OP_PATHS = [
+    pytest.param(spec, path, id=f"{spec.name}-{path}")
+    for spec in specs.builtin_specs()
+    if spec.namespace == "opbridge"
+    for path in spec.call_paths
+]
+
+
+@pytest.mark.parametrize(("spec", "path"), OP_PATHS)
+def test_no_op_returns_a_result_for_mixed_devices(spec, path):
+    """Each input in turn on the meta device, the rest on the CPU: an error, never an output."""
+    module = spec.call_paths[path]().eval()
+    inputs = spec.sample_inputs(spec.dtypes[0], spec.operand_kinds[0], 2)
+    for index in range(len(inputs)):
+        mixed = [t.to("meta") if i == index else t for i, t in enumerate(inputs)]
+        with pytest.raises(RuntimeError, match=r"device|meta|Meta"):
+            module(*mixed)
+
+
+@pytest.mark.parametrize(("spec", "path"), OP_PATHS)
+def test_meta_inputs_give_meta_outputs(spec, path):
+    """All on the meta device: the fake kernel answers with the output's shape, on meta."""
+    module = spec.call_paths[path]().eval().to("meta")
+    inputs = spec.sample_inputs(spec.dtypes[0], spec.operand_kinds[0], 2)
+    with torch.no_grad():
+        expected = spec.call_paths[path]().eval()(*inputs)
+    out = module(*[t.to("meta") for t in inputs])
+    assert out.device.type == "meta" and out.shape == expected.shape
+
+
+@pytest.mark.parametrize("scripted", ["function", "module"])
+def test_torchscript_scripts_and_survives_save_and_load(tmp_path, scripted):
+    deform = opbridge.nn.DeformConv2d(4, 6, 3, padding=1)
+    offset = torch.randn(1, 18, 5, 5)
+    expected = deform(X, offset)
+    if scripted == "module":
+        compiled = torch.jit.script(deform)
+        got_fn = lambda m: m(X, offset)  # noqa: E731
+    else:
+
+        class Calls(torch.nn.Module):
+            def forward(self, x, o, w):
+                return opbridge.deform_conv2d(x, o, w, None, (1, 1), 1) + opbridge.my_add(x, x).sum()
+
+        compiled = torch.jit.script(Calls())
+        expected = Calls()(X, offset, deform.weight)
+        got_fn = lambda m: m(X, offset, deform.weight)  # noqa: E731
+    torch.testing.assert_close(got_fn(compiled), expected)
+    torch.jit.save(compiled, str(tmp_path / "m.pt"))
+    torch.testing.assert_close(got_fn(torch.jit.load(str(tmp_path / "m.pt"))), expected)
+
+
+def test_deform_conv2d_module_matches_torchvision_attributes_and_state_dict():
+    torchvision = pytest.importorskip("torchvision")
+    for kwargs in ({}, {"bias": False, "groups": 2, "stride": 2, "padding": (1, 0), "dilation": 2}):
+        ours, theirs = opbridge.nn.DeformConv2d(4, 6, 3, **kwargs), torchvision.ops.DeformConv2d(4, 6, 3, **kwargs)
+        for attribute in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups"):
+            assert getattr(ours, attribute) == getattr(theirs, attribute), attribute
+        assert list(ours.state_dict()) == list(theirs.state_dict())
+        assert (ours.bias is None) == (theirs.bias is None)
+        ours.load_state_dict(theirs.state_dict())
+        theirs.load_state_dict(ours.state_dict())
+        assert repr(ours) == repr(theirs)
+    module = opbridge.nn.DeformConv2d(4, 6, 3)
+    torch.manual_seed(0)
+    module.reset_parameters()
+    first = module.weight.detach().clone()
+    torch.manual_seed(0)
+    module.reset_parameters()
+    torch.testing.assert_close(module.weight, first)
+    bound = 1 / (4 * 9) ** 0.5
+    assert module.bias.abs().max() <= bound
+
+
+def test_cli_constants_match_the_code():
+    assert _cli.LOWERING_KINDS == specs.LOWERING_KINDS and _cli.EXPORTERS == parity.EXPORTERS
+
+
+def _cli_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("opbridge",),
+        ("opbridge", "parity"),
+        ("opbridge", "bench"),
+        ("opbridge", "ops"),
+        ("opbridge", "inspect"),
+        ("opbridge_ort",),
+        ("opbridge_ort", "inspect"),
+    ],
+    ids=" ".join,
+)
+def test_cli_help_on_stdout(command):
+    result = _cli_run(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m ") and "``" not in result.stdout
+    assert f"python -m {' '.join(command)}" in result.stdout
+
+
+@pytest.mark.parametrize("command", [("opbridge", "--help"), ("opbridge", "parity", "--help"),
+                                     ("opbridge_ort", "inspect", "--help")], ids=" ".join)  # fmt: skip
+def test_cli_help_does_not_import_torch(command):
+    probe = subprocess.run([sys.executable, "-X", "importtime", "-m", *command], capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in probe.stderr.splitlines() if "|" in line}
+    assert "torch" not in imported, f"python -m {' '.join(command)} imported torch"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("opbridge", "nosuch"), ["invalid choice", "parity"]),
+        (("opbridge", "parity", "--ops", "nosuch"), ["unknown op(s) nosuch", "my_add"]),
+        (("opbridge", "parity", "--exporters", "jit"), ["invalid choice", "legacy"]),
+        (("opbridge_ort", "nosuch"), ["usage: python -m opbridge_ort inspect"]),
+    ],
+)
+def test_cli_selection_errors_list_the_valid_values(args, words):
+    result = _cli_run(*args)
+    assert result.returncode == 2
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("content", [b"", b"not a model"], ids=["empty", "junk"])
+def test_inspect_exits_non_zero_on_files_that_are_not_models(tmp_path, content):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(content)
+    result = _cli_run("opbridge_ort", "inspect", str(path))
+    assert result.returncode == 2 and "cannot read" in result.stderr
+
+
+def test_inspect_exits_non_zero_when_no_session_can_be_created(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    # Structurally valid, but the Add's inputs disagree in type: no runtime can create a session.
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["c"])], "bad",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("b", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])],
+    )  # fmt: skip
+    path = tmp_path / "bad.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    result = _cli_run("opbridge_ort", "inspect", str(path))
+    assert result.returncode == 1 and "does not load" in result.stderr
+
+
+def test_session_options_that_already_carry_the_library(tmp_path):
+    """inspect's own advice (register by hand), then opbridge_ort's helpers: the library is kept once."""
+    from ort_cases.my_add import my_add_model
+
+    options = onnxruntime.SessionOptions()
+    options.register_custom_ops_library(opbridge_ort.library_path())
+    options.register_custom_ops_library(opbridge_ort.library_path())
+    session = opbridge_ort.InferenceSession(my_add_model(np.float32, [2], [2]), opbridge_ort.session_options(options))
+    (c,) = session.run(None, {"A": np.ones(2, np.float32), "B": np.ones(2, np.float32)})
+    assert (c == 3).all()
