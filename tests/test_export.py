@@ -218,5 +218,5 @@ def test_register_mapping_serves_both_exporters():
         assert "Mul" in {n.op_type for n in model.graph.node}
         session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         torch.testing.assert_close(torch.from_numpy(session.run(None, {"x": x.numpy()})[0]), 3 * x)
-    with pytest.raises(ValueError, match="already has a mapping .* pass override=True"):
+    with pytest.raises(ValueError, match=r"already has a mapping .* pass override=True"):
         opbridge.onnx.register_mapping("opbridge_test::triple", lambda b, x: x)
