@@ -212,3 +212,49 @@ def test_custom_kernel_matches_ort_deformconv(config, dtype):
         )
         outputs.append(opbridge_ort.InferenceSession(proto).run(None, feeds)[0])
     np.testing.assert_allclose(outputs[1], outputs[0], rtol=TOLERANCE[dtype] * 10, atol=TOLERANCE[dtype] * 10)
+
+
+# The contract of this op's public entry points (docs/api.md), run by tests/test_contract.py: bad inputs, the
+# error type and the words its message must contain.
+_X = torch.randn(1, 4, 5, 5)
+_W = torch.randn(6, 4, 3, 3)
+_OFFSET = torch.zeros(1, 18, 3, 3)
+CONTRACT_CASES = {
+    "opbridge.deform_conv2d": [
+        (lambda: opbridge.deform_conv2d(_X, None, _W), TypeError, ["offset must be a tensor", "NoneType"]),
+        (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, bias="b"), TypeError, ["bias must be a tensor or None"]),
+        (
+            lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, stride=(1.7, 1.7)),
+            TypeError,
+            ["stride must be an int or a pair of ints", "1.7"],
+        ),
+        (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, stride=1.5), TypeError, ["stride", "1.5"]),
+        (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, padding=(0.9, 0.9)), TypeError, ["padding", "0.9"]),
+        (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, dilation=True), TypeError, ["dilation", "True"]),
+        (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, stride=(1, 2, 3)), TypeError, ["stride", "pair"]),
+        (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, padding=-1), ValueError, ["padding must be >= 0"]),
+        (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, stride=0), ValueError, ["stride must be >= 1"]),
+        (
+            lambda: opbridge.deform_conv2d(_X, _OFFSET, torch.randn(6, 8, 3, 3)),
+            RuntimeError,
+            ["in_channels / groups = 8", "4 channels of input"],
+        ),
+        (lambda: opbridge.deform_conv2d(_X.int(), _OFFSET.int(), _W.int()), RuntimeError, ["float32 or float64"]),
+        (
+            lambda: opbridge.deform_conv2d(_X, _OFFSET.double(), _W),
+            RuntimeError,
+            ["offset must have the dtype of input"],
+        ),
+        (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W.to("meta")), RuntimeError, ["one device", "weight on meta"]),
+        (lambda: opbridge.deform_conv2d(_X, _OFFSET[:, :3], _W), RuntimeError, ["offset"]),
+        (lambda: opbridge.deform_conv2d(_X[0], _OFFSET, _W), RuntimeError, ["4-D"]),
+    ],
+    "opbridge.nn.DeformConv2d": [
+        (lambda: opbridge.nn.DeformConv2d(4, 6, 3, groups=4), ValueError, ["groups=4", "out_channels=6"]),
+        (lambda: opbridge.nn.DeformConv2d(4, 6, 1.5), TypeError, ["kernel_size", "1.5"]),
+        (lambda: opbridge.nn.DeformConv2d(4.0, 6, 3), TypeError, ["in_channels"]),
+        (lambda: opbridge.nn.DeformConv2d(0, 6, 3), ValueError, ["in_channels must be >= 1"]),
+        (lambda: opbridge.nn.DeformConv2d(4, 6, 3, stride=0), ValueError, ["stride must be >= 1"]),
+        (lambda: opbridge.nn.DeformConv2d(4, 6, 3)(_X, None), TypeError, ["offset must be a tensor"]),
+    ],
+}

@@ -186,3 +186,36 @@ def test_multithreaded_kernel_matches_single_thread():
     finally:
         torch.set_num_threads(previous)
     assert torch.equal(single, multi)
+
+
+# The contract of this op's public entry points (docs/api.md), run by tests/test_contract.py: bad inputs, the
+# error type and the words its message must contain.
+CONTRACT_CASES = {
+    "opbridge.my_add": [
+        (lambda: opbridge.my_add(torch.ones(2), None), TypeError, ["opbridge.my_add", "b must be a tensor"]),
+        (lambda: opbridge.my_add([1.0], torch.ones(2)), TypeError, ["a must be a tensor", "list"]),
+        (
+            lambda: opbridge.my_add(torch.ones(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32)),
+            RuntimeError,
+            ["float32, float64 or float16", "Int"],
+        ),
+        (lambda: opbridge.my_add(torch.ones(2), torch.ones(2, dtype=torch.float64)), RuntimeError, ["same dtype"]),
+        (lambda: opbridge.my_add(torch.ones(2, 3), torch.ones(4)), RuntimeError, ["[2, 3]", "[4]", "broadcast"]),
+        (lambda: opbridge.my_add(torch.ones(2), torch.ones(2, device="meta")), RuntimeError, ["one device", "meta"]),
+    ],
+    "opbridge._C.my_add": [
+        (lambda: opbridge._C.my_add(torch.ones(2), None), TypeError, ["my_add"]),
+        (lambda: opbridge._C.my_add(torch.ones(2), torch.ones(3)), RuntimeError, ["cannot be broadcast"]),
+    ],
+    "opbridge.MyAddFunction": [
+        (lambda: opbridge.MyAddFunction.apply(torch.ones(2), torch.ones(3)), RuntimeError, ["cannot be broadcast"]),
+        (
+            lambda: opbridge.MyAddFunction.apply(torch.ones(2), torch.ones(2, device="meta")),
+            RuntimeError,
+            ["one device"],
+        ),
+    ],
+    "opbridge.nn.MyAdd": [
+        (lambda: opbridge.nn.MyAdd()(torch.ones(2), None), TypeError, ["b must be a tensor"]),
+    ],
+}
