@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import onnx
 import onnxruntime
@@ -113,14 +115,254 @@ def test_bad_inputs_raise_clear_errors():
 
 @pytest.mark.parametrize("config", CONFIGS[:3], ids=lambda c: "x".join(map(str, c[:5])))
 def test_opcheck(config):
+    """Every opcheck test, the autograd registration included, for the op and its backward."""
     x, offset, weight, bias, stride, padding, dilation, mask, _, _ = _inputs(config, torch.float64)
+    tensors = [t.requires_grad_() for t in (x, offset, weight, bias, mask) if t is not None]
     args = (x, offset, weight, bias, list(stride), list(padding), list(dilation), mask)
-    # Forward only (no autograd formula): skip the autograd registration check.
-    torch.library.opcheck(
-        torch.ops.opbridge.deform_conv2d.default,
-        args,
-        test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic"),
-    )
+    torch.library.opcheck(torch.ops.opbridge.deform_conv2d.default, args)
+    grad_out = torch.randn_like(opbridge.deform_conv2d(*args))
+    backward_args = (grad_out, *(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+    torch.library.opcheck(torch.ops.opbridge.deform_conv2d_backward.default, backward_args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))  # fmt: skip
+    assert tensors
+
+
+# --- backward ----------------------------------------------------------------------------------------------------
+
+BACKWARD_CONFIGS = [
+    *CONFIGS,
+    (0, 4, 6, 5, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1, 1, True, True),  # empty batch
+    (2, 4, 6, 7, 4, (2, 3), (1, 1), (0, 0), (2, 1), 2, 4, True, True),  # one channel per offset group
+]
+
+
+def _grads(call, inputs, grad_out):
+    tensors = [t for t in inputs if t is not None]
+    return torch.autograd.grad(call(*inputs), tensors, grad_out, allow_unused=False)
+
+
+def _with_grad(config, dtype, seed=0):
+    x, offset, weight, bias, stride, padding, dilation, mask, _, _ = _inputs(config, dtype, seed)
+    leaves = [t.requires_grad_() if t is not None else None for t in (x, offset, weight, bias, mask)]
+    return leaves, (stride, padding, dilation)
+
+
+@needs_torchvision
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("config", BACKWARD_CONFIGS, ids=lambda c: "x".join(map(str, c[:5])) + f"-k{c[5]}")
+def test_gradients_match_torchvision(config, dtype):
+    (x, offset, weight, bias, mask), (stride, padding, dilation) = _with_grad(config, dtype)
+
+    def ours(x, offset, weight, bias, mask):
+        return opbridge.deform_conv2d(x, offset, weight, bias, stride, padding, dilation, mask)
+
+    def theirs(x, offset, weight, bias, mask):
+        return torchvision.ops.deform_conv2d(x, offset, weight, bias, stride, padding, dilation, mask)
+
+    inputs = (x, offset, weight, bias, mask)
+    grad_out = torch.randn_like(ours(*inputs).detach())
+    tolerance = {torch.float32: 2e-4, torch.float64: 1e-10}[dtype]
+    for got, want in zip(_grads(ours, inputs, grad_out), _grads(theirs, inputs, grad_out), strict=True):
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("config", BACKWARD_CONFIGS, ids=lambda c: "x".join(map(str, c[:5])) + f"-k{c[5]}")
+def test_gradcheck(config):
+    """Finite differences in float64: independent of any other implementation."""
+    small = (min(config[0], 1), *config[1:])  # one image keeps it quick; the batch is covered above
+    (x, offset, weight, bias, mask), (stride, padding, dilation) = _with_grad(small, torch.float64)
+
+    def call(x, offset, weight, bias, mask):
+        return opbridge.deform_conv2d(x, offset, weight, bias, stride, padding, dilation, mask)
+
+    # Offsets of exact integers would sit on the kinks of bilinear sampling; randn never gives them.
+    assert torch.autograd.gradcheck(call, (x, offset, weight, bias, mask), eps=1e-6, atol=1e-5)
+
+
+def test_backward_is_deterministic():
+    config = (2, 8, 12, 12, 8, (3, 3), (1, 1), (1, 1), (1, 1), 2, 2, True, True)
+    (x, offset, weight, bias, mask), (stride, padding, dilation) = _with_grad(config, torch.float32)
+
+    def call(*inputs):
+        return opbridge.deform_conv2d(inputs[0], inputs[1], inputs[2], inputs[3], stride, padding, dilation,
+                                      inputs[4])  # fmt: skip
+
+    grad_out = torch.randn(2, 8, 12, 12)
+    first = _grads(call, (x, offset, weight, bias, mask), grad_out)
+    for _ in range(3):
+        for a, b in zip(first, _grads(call, (x, offset, weight, bias, mask), grad_out), strict=True):
+            assert torch.equal(a, b)
+
+
+def test_double_backward_raises_clearly():
+    (x, offset, weight, bias, mask), (stride, padding, dilation) = _with_grad(CONFIGS[0], torch.float64)
+    out = opbridge.deform_conv2d(x, offset, weight, bias, stride, padding, dilation, mask)
+    (grad_x,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        grad_x.sum().backward()
+
+
+# mmcv's published DCNv1 / DCNv2 values (tests/test_ops/test_deform_conv.py, test_modulated_deform_conv.py):
+# a Conv2d predicts the offsets (and mask) of a 1-channel deformable convolution; the forward and every
+# gradient, of the input, the deformable weight and the offset convolution, are given to 2-3 decimals.
+MMCV_V1 = {
+    "input": [[[[1.0, 2.0, 3.0], [0.0, 1.0, 2.0], [3.0, 5.0, 2.0]]]],
+    "offset_weight": [[0.1, 0.4, 0.6, 0.1], [0.3, 0.2, 0.1, 0.3], [0.5, 0.5, 0.2, 0.8], [0.8, 0.3, 0.9, 0.1],
+                      [0.3, 0.1, 0.2, 0.5], [0.3, 0.7, 0.5, 0.3], [0.6, 0.2, 0.5, 0.3], [0.4, 0.1, 0.8, 0.4]],
+    "offset_bias": [0.7, 0.1, 0.8, 0.5, 0.6, 0.5, 0.4, 0.7],
+    "weight": [0.4, 0.2, 0.1, 0.9],
+    "out": [[[[1.650, 0.0], [0.000, 0.0]]]],
+    "x_grad": [[[[-0.666, 0.204, 0.000], [0.030, -0.416, 0.012], [0.000, 0.252, 0.129]]]],
+    "offset_weight_grad": [[[1.44, 2.88], [0.00, 1.44]], [[-0.72, -1.44], [0.00, -0.72]],
+                           [[0.00, 0.00], [0.00, 0.00]], [[0.00, 0.00], [0.00, 0.00]],
+                           [[-0.10, -0.20], [0.00, -0.10]], [[-0.08, -0.16], [0.00, -0.08]],
+                           [[-0.54, -1.08], [0.00, -0.54]], [[-0.54, -1.08], [0.00, -0.54]]],
+    "offset_bias_grad": [1.44, -0.72, 0.0, 0.0, -0.10, -0.08, -0.54, -0.54],
+    "weight_grad": [[[[3.62, 0.0], [0.40, 0.18]]]],
+}  # fmt: skip
+MMCV_V2 = {
+    "input": [[[[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]]],
+    "out": [[[[0.5, 1.5, 2.5, 1.5], [1.0, 3.0, 5.0, 3.0], [1.0, 3.0, 5.0, 3.0], [0.5, 1.5, 2.5, 1.5]]]],
+    "x_grad": [[[[2.0, 2.0, 2.0], [2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]]],
+    "weight_grad": [[[[9.0, 9.0], [9.0, 9.0]]]],
+    "offset_weight_grad": [[[-7.0, -4.0], [0.0, 0.0]], [[-9.0, 7.5], [-6.0, 5.0]], [[-4.0, -7.0], [0.0, 0.0]],
+                           [[-7.5, -9.0], [-5.0, -6.0]], [[-7.0, -4.0], [-7.0, -4.0]], [[-6.0, 5.0], [-9.0, 7.5]],
+                           [[-4.0, -7.0], [-4.0, -7.0]], [[-5.0, -6.0], [-7.5, -9.0]], [[10.5, 6.0], [7.0, 4.0]],
+                           [[6.0, 10.5], [4.0, 7.0]], [[7.0, 4.0], [10.5, 6.0]], [[4.0, 7.0], [6.0, 10.5]]],
+    "offset_bias_grad": [-3.0, -1.5, -3.0, -1.5, -3.0, -1.5, -3.0, -1.5, 4.5, 4.5, 4.5, 4.5],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("batch", [1, 10])
+def test_mmcv_dcn_v1_published_values(dtype, batch):
+    v1 = MMCV_V1
+    x = torch.tensor(v1["input"], dtype=dtype).repeat(batch, 1, 1, 1).requires_grad_()
+    conv_offset = torch.nn.Conv2d(1, 8, 2).to(dtype)
+    with torch.no_grad():
+        conv_offset.weight.copy_(torch.tensor(v1["offset_weight"]).reshape(8, 1, 2, 2))
+        conv_offset.bias.copy_(torch.tensor(v1["offset_bias"]))
+    weight = torch.tensor(v1["weight"], dtype=dtype).reshape(1, 1, 2, 2).requires_grad_()
+    out = opbridge.deform_conv2d(x, conv_offset(x), weight)
+    out.backward(torch.ones_like(out))
+    expect = lambda name: torch.tensor(v1[name], dtype=dtype)  # noqa: E731
+    torch.testing.assert_close(out, expect("out").repeat(batch, 1, 1, 1), rtol=0, atol=1e-3)
+    torch.testing.assert_close(x.grad, expect("x_grad").repeat(batch, 1, 1, 1), rtol=0, atol=1e-3)
+    # Parameter gradients sum over the batch.
+    torch.testing.assert_close(conv_offset.weight.grad / batch, expect("offset_weight_grad").reshape(8, 1, 2, 2),
+                               rtol=0, atol=1e-3)  # fmt: skip
+    torch.testing.assert_close(conv_offset.bias.grad / batch, expect("offset_bias_grad"), rtol=0, atol=1e-3)
+    torch.testing.assert_close(weight.grad / batch, expect("weight_grad"), rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_mmcv_dcn_v2_published_values(dtype):
+    """Zero offsets sample exactly on pixels: the offset gradients follow the [floor, floor + 1] convention."""
+    v2 = MMCV_V2
+    x = torch.tensor(v2["input"], dtype=dtype).requires_grad_()
+    conv_offset = torch.nn.Conv2d(1, 3 * 4, 2, padding=1).to(dtype)
+    torch.nn.init.zeros_(conv_offset.weight)
+    torch.nn.init.zeros_(conv_offset.bias)
+    weight = torch.ones(1, 1, 2, 2, dtype=dtype, requires_grad=True)
+    o1, o2, mask = torch.chunk(conv_offset(x), 3, dim=1)  # mmcv's ModulatedDeformConv2dPack layout
+    out = opbridge.deform_conv2d(x, torch.cat((o1, o2), dim=1), weight, None, 1, 1, 1, torch.sigmoid(mask))
+    out.sum().backward()
+    expect = lambda name: torch.tensor(v2[name], dtype=dtype)  # noqa: E731
+    torch.testing.assert_close(out, expect("out"), rtol=0, atol=1e-6)
+    torch.testing.assert_close(x.grad, expect("x_grad"), rtol=0, atol=1e-6)
+    torch.testing.assert_close(weight.grad, expect("weight_grad"), rtol=0, atol=1e-6)
+    torch.testing.assert_close(conv_offset.weight.grad, expect("offset_weight_grad").reshape(12, 1, 2, 2),
+                               rtol=0, atol=1e-6)  # fmt: skip
+    torch.testing.assert_close(conv_offset.bias.grad, expect("offset_bias_grad"), rtol=0, atol=1e-6)
+
+
+def test_offset_gradient_on_the_border():
+    """A sample exactly on the border of the padded-out region (y or x == -1 or == size) lies outside: its
+    value is 0 and so is its offset gradient (mmcv's convention, which mmcv's published DCNv2 values depend
+    on). torchvision differs there only: it takes the one-sided derivative from inside the image."""
+    x = torch.arange(1.0, 10.0, dtype=torch.float64).reshape(1, 1, 3, 3)
+    offset = torch.zeros(1, 2, 1, 1, dtype=torch.float64, requires_grad=True)
+    weight = torch.ones(1, 1, 1, 1, dtype=torch.float64)
+    # A 1x1 kernel with padding 1 and stride 5: the only output samples (y, x) = (-1, -1).
+    out = opbridge.deform_conv2d(x, offset, weight, None, 5, 1)
+    assert out.item() == 0.0
+    out.sum().backward()
+    assert offset.grad.abs().sum().item() == 0.0
+    # Just inside, at (-0.5, -0.5), the derivative is that of the cell [-1, 0]: 0.5 * x[0, 0] in y and in x.
+    inside = torch.tensor([[[[0.5]], [[0.5]]]], dtype=torch.float64, requires_grad=True)
+    opbridge.deform_conv2d(x, inside, weight, None, 5, 1).sum().backward()
+    torch.testing.assert_close(inside.grad.flatten(), torch.tensor([0.5, 0.5], dtype=torch.float64))
+
+
+class _TinyDeformNet(torch.nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        # Small random offsets: zero ones would put the padding taps exactly on the image border, where
+        # torchvision's offset gradient differs by convention (see test_offset_gradient_on_the_border).
+        self.offsets = torch.nn.Conv2d(3, 27, 3, padding=1)
+        torch.nn.init.normal_(self.offsets.weight, std=0.01)
+        torch.nn.init.normal_(self.offsets.bias, std=0.01)
+        self.deform = layer
+
+    def forward(self, x):
+        predicted = self.offsets(x)
+        return self.deform(x, predicted[:, :18], torch.sigmoid(predicted[:, 18:]))
+
+
+def _train(layer, steps=8):
+    torch.manual_seed(0)
+    model, x = _TinyDeformNet(layer), torch.randn(4, 3, 8, 8)
+    with torch.no_grad():  # a reachable target: another deformable convolution of the same input
+        teacher_weight = torch.randn(5, 3, 3, 3) / 3
+        target = opbridge.deform_conv2d(x, 0.5 * torch.randn(4, 18, 8, 8), teacher_weight, None, 1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+@needs_torchvision
+def test_training_fine_tunes_a_torchvision_checkpoint_like_torchvision():
+    torch.manual_seed(1)
+    theirs = torchvision.ops.DeformConv2d(3, 5, 3, padding=1)
+    ours = opbridge.nn.DeformConv2d(3, 5, 3, padding=1)
+    ours.load_state_dict(theirs.state_dict())  # a torchvision checkpoint
+    their_losses, their_model = _train(theirs)
+    our_losses, our_model = _train(ours)
+    assert our_losses[-1] < 0.95 * our_losses[0], our_losses
+    np.testing.assert_allclose(our_losses, their_losses, rtol=1e-4)
+    for (name, a), (_, b) in zip(our_model.named_parameters(), their_model.named_parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_training_reduces_the_loss():
+    losses, model = _train(opbridge.nn.DeformConv2d(3, 5, 3, padding=1))
+    assert losses[-1] < 0.95 * losses[0] and all(b < a for a, b in itertools.pairwise(losses)), losses
+    assert model.offsets.weight.grad.abs().sum() > 0  # the offsets learn too
+
+
+def test_torch_compile_of_a_training_step():
+    """The compiled model's forward and (AOT-autograd) backward give eager's loss and gradients."""
+    torch.manual_seed(0)
+    model = _TinyDeformNet(opbridge.nn.DeformConv2d(3, 5, 3, padding=1))
+    x, target = torch.randn(2, 3, 6, 6), torch.randn(2, 5, 6, 6)
+
+    def step(forward):
+        model.zero_grad()
+        loss = torch.nn.functional.mse_loss(forward(x), target)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    eager_loss, eager_grads = step(model)
+    compiled_loss, compiled_grads = step(torch.compile(model, backend="aot_eager", fullgraph=True))
+    torch.testing.assert_close(compiled_loss, eager_loss)
+    for grad, expected in zip(compiled_grads, eager_grads, strict=True):
+        torch.testing.assert_close(grad, expected)
 
 
 def _model(use_torchvision: bool):

@@ -82,9 +82,10 @@ def deform_conv2d(
         RuntimeError: dtypes differ or are not float32/float64, a tensor is not on the CPU (or, for meta and
             fake tensors, not all on one device), or the shapes disagree (the message gives the numbers).
 
-    float32 or float64, CPU. Scriptable (``torch.jit.script``), traceable by ``torch.export`` and
-    ``torch.compile``. Exports to ONNX ``DeformConv`` (opset >= 19), to standard ops below that, or to one
-    ``opbridge::DeformConv2d`` node (see :mod:`opbridge.onnx`). Not differentiable (forward only).
+    float32 or float64, CPU. Differentiable in input, offset, weight, bias and mask (the backward is a C++
+    kernel, deterministic; double backward raises). Scriptable (``torch.jit.script``), traceable by
+    ``torch.export`` and ``torch.compile``. Exports to ONNX ``DeformConv`` (opset >= 19), to standard ops
+    below that, or to one ``opbridge::DeformConv2d`` node (see :mod:`opbridge.onnx`).
     """
     if not torch.jit.is_scripting():
         for name, value in (("input", input), ("offset", offset), ("weight", weight)):
@@ -130,6 +131,61 @@ def _deform_conv2d_fake(input, offset, weight, bias=None, stride=(1, 1), padding
     out_h = (input.shape[2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
     out_w = (input.shape[3] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
     return input.new_empty((input.shape[0], weight.shape[0], out_h, out_w))
+
+
+@torch.library.register_fake("opbridge::deform_conv2d_backward")
+def _deform_conv2d_backward_fake(grad_out, input, offset, weight, bias, stride, padding, dilation, mask):
+    _checks.one_device("opbridge::deform_conv2d_backward", grad_out=grad_out, input=input, offset=offset,
+                       weight=weight, bias=bias, mask=mask)  # fmt: skip
+    return (
+        torch.empty_like(input, memory_format=torch.contiguous_format),
+        torch.empty_like(offset, memory_format=torch.contiguous_format),
+        torch.empty_like(weight, memory_format=torch.contiguous_format),
+        weight.new_empty((weight.shape[0],) if bias is not None else (0,)),
+        torch.empty_like(mask, memory_format=torch.contiguous_format) if mask is not None else input.new_empty((0,)),
+    )
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    input, offset, weight, bias, stride, padding, dilation, mask = inputs
+    ctx.save_for_backward(input, offset, weight, bias, mask)
+    ctx.geometry = (_pair(stride), _pair(padding), _pair(dilation))
+
+
+def _backward(ctx, grad: Tensor):
+    input, offset, weight, bias, mask = ctx.saved_tensors
+    stride, padding, dilation = ctx.geometry
+    grads = torch.ops.opbridge.deform_conv2d_backward(
+        grad, input, offset, weight, bias, stride, padding, dilation, mask
+    )
+    grad_input, grad_offset, grad_weight, grad_bias, grad_mask = grads
+    needs = ctx.needs_input_grad
+    return (
+        grad_input if needs[0] else None,
+        grad_offset if needs[1] else None,
+        grad_weight if needs[2] else None,
+        grad_bias if bias is not None and needs[3] else None,
+        None,
+        None,
+        None,
+        grad_mask if mask is not None and needs[7] else None,
+    )
+
+
+torch.library.register_autograd("opbridge::deform_conv2d", _backward, setup_context=_setup_context)
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "opbridge::deform_conv2d: gradients of its gradients (double backward) are not supported; compute the "
+        "second-order terms another way (e.g. torch.func with a finite-difference estimate) or leave "
+        "create_graph=False"
+    )
+
+
+torch.library.register_autograd(
+    "opbridge::deform_conv2d_backward", _no_double_backward, setup_context=lambda ctx, inputs, output: None
+)
 
 
 class DeformConv2d(torch.nn.Module):
