@@ -26,7 +26,8 @@ def test_bench_runs_every_path_on_small_sizes(tiny, tmp_path):
     timed = {(r["op"], r["path"]) for r in report["rows"] if r["median_ms"] is not None}
     for op, path in [("my_add", "ort_custom"), ("my_add", "ort_standard"), ("my_add", "torch_op"),
                      ("my_add", "torch_eager"), ("deform_conv2d", "ort_custom"),
-                     ("deform_conv2d", "ort_decomposition"), ("deform_conv2d", "torch_op")]:  # fmt: skip
+                     ("deform_conv2d", "ort_decomposition"), ("deform_conv2d", "torch_op"),
+                     ("deform_conv2d", "torch_backward")]:  # fmt: skip
         assert (op, path) in timed, f"{op} {path} was not timed"
     # Without the triad helper the bound is reported as not measured, not silently dropped.
     triad = [r for r in report["rows"] if r["path"] == "triad"]

@@ -240,6 +240,28 @@ class Bench:
             else:
                 _check("torch_torchvision", torch_torchvision().numpy(), want, 1e-4, 1e-4)
                 record(threads, "torch_torchvision", torch_torchvision)
+            self._deform_backward(record, threads, torchvision_op, (x, offset, weight, bias, mask))
+
+    def _deform_backward(self, record, threads: int, torchvision_op, tensors) -> None:
+        """All five gradients (input, offset, weight, bias, mask), opbridge's backward vs torchvision's."""
+        leaves = [t.detach().clone().requires_grad_() for t in tensors]
+        x, offset, weight, bias, mask = leaves
+
+        def backward_of(op):
+            out = op(x, offset, weight, bias, (1, 1), (1, 1), (1, 1), mask)
+            grad_out = torch.ones_like(out)
+            return lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
+
+        ours = backward_of(opbridge.deform_conv2d)
+        if torchvision_op is None:
+            record(threads, "torch_backward", ours)
+            record(threads, "torchvision_backward", None, "n/a: torchvision's compiled ops do not load with this torch")
+            return
+        theirs = backward_of(torchvision_op)
+        for name, got, want in zip(("input", "offset", "weight", "bias", "mask"), ours(), theirs(), strict=True):
+            _check(f"torch_backward {name}", got.numpy(), want.numpy(), 1e-3, 1e-3)
+        record(threads, "torch_backward", ours)
+        record(threads, "torchvision_backward", theirs)
 
 
 def _elementwise_model(custom: bool) -> onnx.ModelProto:
@@ -327,6 +349,7 @@ TARGETS = [
     ("deform_conv2d", "ort_custom", "ort_decomposition", None, None),
     ("deform_conv2d", "ort_custom", "gemm", 0.5, None),
     ("deform_conv2d", "torch_op", "torch_torchvision", 3.0, None),
+    ("deform_conv2d", "torch_backward", "torchvision_backward", 3.0, None),
     ("framework", "export_cached", "export_uncached", 2.0, None),
 ]
 
