@@ -109,6 +109,9 @@ CASES: dict[str, list] = {
     "opbridge_ort.ops": [
         (lambda: opbridge_ort.ops("/nonexistent/lib.so"), FileNotFoundError, ["/nonexistent/lib.so"]),
     ],
+    "opbridge_ort.foreign_ops": [
+        (lambda: opbridge_ort.foreign_ops("/nonexistent/lib.so"), FileNotFoundError, ["/nonexistent/lib.so"]),
+    ],
     "opbridge_ort.session_options": [
         (lambda: opbridge_ort.session_options("options"), TypeError, ["onnxruntime.SessionOptions", "str"]),
     ],

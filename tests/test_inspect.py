@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 import opbridge
 import opbridge_ort
 from opbridge import specs
+from ort_cases.deform_conv2d import mmcv_model
 
 
 def _run(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -91,3 +92,13 @@ def test_opbridge_ort_ops_list_matches_the_specs(spec):
     assert opbridge_ort.ops().get(spec.custom_node.op_type) == specs.CUSTOM_DOMAIN_VERSION
     assert opbridge_ort.ops() == opbridge_ort.OPS
     assert set(opbridge_ort.ops()) == {s.custom_node.op_type for s in specs.all_specs() if s.custom_node}
+
+
+def test_mmcv_nodes_run_with_the_library(tmp_path):
+    """A model mmcv/mmdeploy exported (MMCVModulatedDeformConv2d) is reported as runnable with the library."""
+    assert ("mmcv", "MMCVModulatedDeformConv2d") in opbridge_ort.foreign_ops()
+    path = tmp_path / "mmcv.onnx"
+    path.write_bytes(mmcv_model("mmdeploy", groups=1, deform_groups=1, stride=[1, 1], padding=[1, 1], dilation=[1, 1]))
+    result = _run("-m", "opbridge_ort", "inspect", str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "mmdeploy node run by the opbridge library" in result.stdout

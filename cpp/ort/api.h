@@ -116,16 +116,17 @@ Ort::Custom::OrtLiteCustomOp* complete_op(Ort::Custom::OrtLiteCustomOp* op) {
 using OpFactory = void (*)(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops);
 
 struct OpRegistration {
-  const char* op_type;  // the node's op_type in the opbridge domain
-  int since_version;    // the opbridge domain version that introduced it
+  const char* domain;   // "opbridge", or another project's domain whose nodes the op also runs
+  const char* op_type;  // the node's op_type in that domain
+  int since_version;    // the domain version that introduced it
   OpFactory append;
 };
 
 std::vector<OpRegistration>& registered_ops();
 
 struct RegisterOp {
-  RegisterOp(const char* op_type, int since_version, OpFactory append) {
-    registered_ops().push_back({op_type, since_version, append});
+  RegisterOp(const char* domain, const char* op_type, int since_version, OpFactory append) {
+    registered_ops().push_back({domain, op_type, since_version, append});
   }
 };
 
@@ -133,8 +134,16 @@ struct RegisterOp {
 
 // Also leaves "opbridge-ort-op:<OpType>:<version>" in the library's read-only data:
 // opbridge_ort.ops() reads the op list from the file, without loading it into a runtime.
-#define OPBRIDGE_ORT_OP(OpType, Version, Append)                                                     \
-  static const ::opbridge::ort::RegisterOp opbridge_ort_register_##OpType{#OpType, Version, Append}; \
+#define OPBRIDGE_ORT_OP(OpType, Version, Append)                                                                 \
+  static const ::opbridge::ort::RegisterOp opbridge_ort_register_##OpType{"opbridge", #OpType, Version, Append}; \
   [[gnu::used]] static const char opbridge_ort_marker_##OpType[] = "opbridge-ort-op:" #OpType ":" #Version
+
+// The same for a node another project's exporter writes (e.g. mmcv::MMCVModulatedDeformConv2d), so that
+// models it exported run on the library too; marker "opbridge-ort-foreign-op:<Domain>:<OpType>:<version>".
+#define OPBRIDGE_ORT_FOREIGN_OP(Domain, OpType, Version, Append)                                                \
+  static const ::opbridge::ort::RegisterOp opbridge_ort_register_##Domain##_##OpType{#Domain, #OpType, Version, \
+                                                                                     Append};                   \
+  [[gnu::used]] static const char opbridge_ort_marker_##Domain##_##OpType[] =                                   \
+      "opbridge-ort-foreign-op:" #Domain ":" #OpType ":" #Version
 
 namespace opbridge::ort {}  // namespace opbridge::ort

@@ -114,8 +114,79 @@ void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(make_op<double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
 }
 
+// The node mmcv's and mmdeploy's exporters write for DCNv2 (ModulatedDeformConv2dFunction's symbolic):
+// MMCVModulatedDeformConv2d(input, offset, mask, weight[, bias]) with int attributes stride, padding,
+// dilation (pairs: height, width), groups and deform_groups, in the "mmcv" or "mmdeploy" domain. Same
+// kernel; mmdeploy's own ONNX Runtime kernel for it builds only against ORT <= 1.15.
+constexpr const char* kMmcvOp = "MMCVModulatedDeformConv2d";
+constexpr kernels::DeformConv2dNames kMmcvNames{kMmcvOp,
+                                                "input input (index 0)",
+                                                "input weight (index 3)",
+                                                "input offset (index 1)",
+                                                "input mask (index 2)",
+                                                "input bias (index 4)"};
+
+std::vector<int64_t> int_pair_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name,
+                                        int64_t fallback) {
+  auto values = ints_attribute(api, info, name, {fallback, fallback});
+  if (values.size() == 1) values.push_back(values[0]);  // a single int for both dimensions
+  return values;
+}
+
+template <class T>
+struct MmcvModulatedDeformConv2d {
+  MmcvModulatedDeformConv2d(const OrtApi* api, const OrtKernelInfo* info) {
+    attributes.strides = int_pair_attribute(api, info, "stride", 1);
+    attributes.dilations = int_pair_attribute(api, info, "dilation", 1);
+    const auto padding = int_pair_attribute(api, info, "padding", 0);
+    attributes.pads = padding.size() == 2 ? std::vector<int64_t>{padding[0], padding[1], padding[0], padding[1]}
+                                          : padding;  // a wrong length is reported by the shape check
+    attributes.groups = int_attribute(api, info, "groups", 1);
+    attributes.offset_groups = int_attribute(api, info, "deform_groups", 1);
+  }
+
+  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& x, const Ort::Custom::Tensor<T>& offset,
+                      const Ort::Custom::Tensor<T>& mask, const Ort::Custom::Tensor<T>& w, Ort::Custom::Tensor<T>& y) {
+    return guarded(kMmcvOp, [&] {
+      Ort::KernelContext ctx(context);
+      std::optional<Ort::ConstValue> bias;
+      if (ctx.GetInputCount() > 4 && ctx.GetInput(4)) bias = ctx.GetInput(4);
+      std::vector<int64_t> bias_shape;
+      if (bias) bias_shape = bias->GetTensorTypeAndShapeInfo().GetShape();
+      const auto& mask_shape = mask.Shape();
+      kernels::DeformConv2dShape shape;
+      const auto status = kernels::check_deform_conv2d(kMmcvNames, x.Shape(), w.Shape(), offset.Shape(), &mask_shape,
+                                                       bias ? &bias_shape : nullptr, attributes, shape);
+      if (!status.ok()) return from_kernel(status);
+      T* out = y.Allocate({shape.batch, shape.out_channels, shape.out_h, shape.out_w});
+      if (shape.batch == 0) return Ort::Status(nullptr);
+      kernels::deform_conv2d(x.Data(), w.Data(), offset.Data(), mask.Data(), bias ? bias->GetTensorData<T>() : nullptr,
+                             out, shape, SessionThreads(context), gemm<T>);
+      return Ort::Status(nullptr);
+    });
+  }
+
+  kernels::DeformConv2dAttributes attributes;
+};
+
+template <class T, ONNXTensorElementDataType Element>
+Ort::Custom::OrtLiteCustomOp* make_mmcv_op() {
+  auto* op = complete_op<0b10000>(
+      Ort::Custom::CreateLiteCustomOp<MmcvModulatedDeformConv2d<T>>(kMmcvOp, "CPUExecutionProvider"));
+  op->GetInputTypeCount = [](const OrtCustomOp*) -> size_t { return 5; };  // and the optional bias
+  op->GetInputType = [](const OrtCustomOp*, size_t) { return Element; };
+  return op;
+}
+
+void append_mmcv_modulated_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  ops.push_back(make_mmcv_op<float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>());
+  ops.push_back(make_mmcv_op<double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
+}
+
 }  // namespace
 
 OPBRIDGE_ORT_OP(DeformConv2d, 1, append_deform_conv2d);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVModulatedDeformConv2d, 1, append_mmcv_modulated_deform_conv2d);
+OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVModulatedDeformConv2d, 1, append_mmcv_modulated_deform_conv2d);
 
 }  // namespace opbridge::ort

@@ -1,6 +1,7 @@
 // The library's single export: RegisterCustomOps, called by ONNX Runtime when a
 // session's options load this library. It negotiates the API version so that
 // one build runs on every ORT from 1.16 to the newest.
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -16,17 +17,28 @@ int g_api_version = 0;
 
 // The domain and its ops live as long as the process: sessions keep pointers to
 // them, and destroying them at exit could run after the runtime is unloaded.
-Ort::CustomOpDomain* make_domain(int version) {
-  static std::vector<Ort::Custom::OrtLiteCustomOp*> ops;
-  for (const auto& registration : registered_ops()) registration.append(ops);
-  auto* domain = new Ort::CustomOpDomain("opbridge");
-  for (auto* op : ops) {
-    // Declare the negotiated version, not the headers': an older runtime
-    // rejects ops that claim a newer API ("Unsupported version").
-    op->version = static_cast<uint32_t>(version);
-    domain->Add(op);
+// One Ort::CustomOpDomain per domain name the ops registered ("opbridge" first).
+std::vector<Ort::CustomOpDomain*> make_domains(int version) {
+  std::vector<Ort::CustomOpDomain*> domains;
+  std::vector<std::string> names{"opbridge"};
+  for (const auto& registration : registered_ops()) {
+    if (std::find(names.begin(), names.end(), registration.domain) == names.end()) names.push_back(registration.domain);
   }
-  return domain;
+  for (const auto& name : names) {
+    std::vector<Ort::Custom::OrtLiteCustomOp*> ops;
+    for (const auto& registration : registered_ops()) {
+      if (name == registration.domain) registration.append(ops);
+    }
+    auto* domain = new Ort::CustomOpDomain(name.c_str());
+    for (auto* op : ops) {
+      // Declare the negotiated version, not the headers': an older runtime
+      // rejects ops that claim a newer API ("Unsupported version").
+      op->version = static_cast<uint32_t>(version);
+      domain->Add(op);
+    }
+    domains.push_back(domain);
+  }
+  return domains;
 }
 
 // Minor version of a "1.MINOR.PATCH" string; a future 2.x counts as the newest.
@@ -71,12 +83,12 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     return fallback->CreateStatus(ORT_FAIL, message.c_str());
   }
   static std::once_flag once;
-  static Ort::CustomOpDomain* domain = nullptr;
+  static std::vector<Ort::CustomOpDomain*> domains;
   std::call_once(once, [&] {
     g_api_version = version;
     Ort::InitApi(api);
     init_gemm();
-    domain = make_domain(version);
+    domains = make_domains(version);
   });
   // Session options that already carry the domain (the library registered twice, e.g. by hand and then by
   // opbridge_ort.session_options) keep it once: ORT refuses a duplicate domain when the session is created.
@@ -88,6 +100,8 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     registered = 0;
   }
   if (registered) return nullptr;
-  if (OrtStatus* status = api->AddCustomOpDomain(options, *domain)) return status;
+  for (auto* domain : domains) {
+    if (OrtStatus* status = api->AddCustomOpDomain(options, *domain)) return status;
+  }
   return api->AddSessionConfigEntry(options, kRegisteredKey, "1");
 }

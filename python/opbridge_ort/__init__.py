@@ -28,13 +28,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import onnxruntime
 
-__all__ = ["DOMAIN", "OPS", "InferenceSession", "library_path", "ops", "session_options"]
+__all__ = ["DOMAIN", "OPS", "InferenceSession", "foreign_ops", "library_path", "ops", "session_options"]
 
 #: The ONNX domain of opbridge's custom ops.
 DOMAIN = "opbridge"
 _LIBRARY_NAME = "libopbridge_ort.so"
 # Each op's C++ file leaves this marker in the library (OPBRIDGE_ORT_OP in cpp/ort/api.h).
 _OP_MARKER = re.compile(rb"opbridge-ort-op:([A-Za-z_][A-Za-z0-9_]*):([0-9]+)\x00")
+_FOREIGN_MARKER = re.compile(
+    rb"opbridge-ort-foreign-op:([A-Za-z_][A-Za-z0-9_.]*):([A-Za-z_][A-Za-z0-9_]*):([0-9]+)\x00"
+)
 # Marks session options that already carry the library: registering it twice
 # would make ORT refuse the duplicate "opbridge" domain.
 _REGISTERED_KEY = "opbridge.custom_ops_library"
@@ -65,12 +68,26 @@ def _ops_of(path: str, modified: float) -> dict[str, int]:
     return {m.group(1).decode(): int(m.group(2)) for m in _OP_MARKER.finditer(Path(path).read_bytes())}
 
 
+@functools.cache
+def _foreign_ops_of(path: str, modified: float) -> dict[tuple[str, str], int]:
+    found = _FOREIGN_MARKER.finditer(Path(path).read_bytes())
+    return {(m.group(1).decode(), m.group(2).decode()): int(m.group(3)) for m in found}
+
+
 def ops(library: str | os.PathLike | None = None) -> dict[str, int]:
     """The ops the library registers in the ``opbridge`` domain, with the domain version that
     introduced each: read from the library file (default :func:`library_path`), without
     loading it into a runtime and without importing onnxruntime."""
     path = os.fspath(library) if library is not None else library_path()
     return dict(_ops_of(path, os.path.getmtime(path)))
+
+
+def foreign_ops(library: str | os.PathLike | None = None) -> dict[tuple[str, str], int]:
+    """Nodes of other projects' domains the library also runs, ``{(domain, op_type): version}``: e.g.
+    ``("mmcv", "MMCVModulatedDeformConv2d")``, which mmcv's and mmdeploy's exporters write, so models they
+    exported run with :func:`InferenceSession` on every ORT >= 1.16. Read from the library file."""
+    path = os.fspath(library) if library is not None else library_path()
+    return dict(_foreign_ops_of(path, os.path.getmtime(path)))
 
 
 def __getattr__(name: str) -> Any:

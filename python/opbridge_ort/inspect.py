@@ -13,7 +13,7 @@ import collections
 import sys
 from dataclasses import dataclass
 
-from . import DOMAIN, ops
+from . import DOMAIN, foreign_ops, ops
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 FUNCTION_DOMAIN = "opbridge.functions"
@@ -50,6 +50,13 @@ def _schema_function_body(domain: str, op_type: str, opset: int) -> bool:
     except Exception:
         return False
     return bool(schema.has_function or schema.has_context_dependent_function)
+
+
+def _library_foreign_ops() -> dict[tuple[str, str], int]:
+    try:
+        return foreign_ops()
+    except FileNotFoundError:
+        return {}
 
 
 def _library_ops() -> dict[str, int]:
@@ -90,6 +97,10 @@ def inspect_model(model) -> tuple[dict[str, int], list[OpReport]]:
         elif (domain, op_type) in local_functions:
             report.without_library = report.with_library = True
             report.how = "model-local ONNX function (inlined by the runtime)"
+        elif (domain, op_type) in _library_foreign_ops():
+            report.with_library = True
+            report.how = f"{domain} node run by the opbridge library"
+            report.advice = "load the opbridge library: opbridge_ort.InferenceSession(model)"
         elif domain == DOMAIN:
             library_ops = _library_ops()
             implemented = ", ".join(sorted(library_ops)) or "no ops (library not found)"

@@ -14,10 +14,11 @@ DTYPES = {
 }
 
 
-def one_node_model(node, inputs, outputs, opset: int = 17) -> bytes:
-    """A model of one node in the opbridge domain, readable by every ORT from 1.16 on (IR 8)."""
+def one_node_model(node, inputs, outputs, opset: int = 17, domains=("opbridge",)) -> bytes:
+    """A model of one node in a custom domain, readable by every ORT from 1.16 on (IR 8)."""
     graph = helper.make_graph([node], node.op_type, list(inputs), list(outputs))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("opbridge", 1)])
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(domain, 1) for domain in domains]
+    model = helper.make_model(graph, opset_imports=imports)
     model.ir_version = 8
     return model.SerializeToString()
 

@@ -208,4 +208,47 @@ def check_deform_conv2d_bad_input(library: str) -> None:
     assert np.isfinite(y).all()
 
 
-CHECKS = [check_deform_conv2d_values, check_deform_conv2d_bad_input]
+def mmcv_model(domain: str, dtype=np.float32, with_bias: bool = True, **attributes) -> bytes:
+    """The node as mmcv's (domain "mmcv") and mmdeploy's ("mmdeploy") DCNv2 symbolic writes it:
+    MMCVModulatedDeformConv2d(input, offset, mask, weight[, bias]), attributes stride, padding, dilation,
+    groups, deform_groups."""
+    elem = DTYPES[dtype]
+    inputs = ["input", "offset", "mask", "weight"] + (["bias"] if with_bias else [])
+    return one_node_model(
+        helper.make_node("MMCVModulatedDeformConv2d", inputs, ["output"], domain=domain, **attributes),
+        [helper.make_tensor_value_info(name, elem, None) for name in inputs],
+        [helper.make_tensor_value_info("output", elem, None)],
+        domains=(domain,),
+    )
+
+
+def check_mmcv_modulated_deform_conv2d(library: str) -> None:
+    """Models mmcv/mmdeploy exported run on the library, in either domain, with and without bias."""
+    rng = np.random.default_rng(3)
+    for domain in ("mmcv", "mmdeploy"):
+        for dtype, tolerance in ((np.float32, 1e-4), (np.float64, 1e-10)):
+            feeds, attributes = deform_case(rng, dtype, pads=(1, 2, 1, 2), stride=(2, 1), dilation=(1, 2))
+            mmcv_attributes = {"stride": attributes["strides"], "padding": attributes["pads"][:2],
+                               "dilation": attributes["dilations"], "groups": attributes["group"],
+                               "deform_groups": attributes["offset_group"]}  # fmt: skip
+            for with_bias in (True, False):
+                model = mmcv_model(domain, dtype, with_bias, **mmcv_attributes)
+                names = ["input", "offset", "mask", "weight"] + (["bias"] if with_bias else [])
+                values = [feeds["X"], feeds["offset"], feeds["mask"], feeds["W"], feeds["B"]]
+                (y,) = session(library, model, 2).run(None, dict(zip(names, values, strict=False)))
+                expected = deform_conv2d_reference(
+                    feeds["X"], feeds["W"], feeds["offset"], feeds["B"] if with_bias else None, feeds["mask"],
+                    attributes["strides"], attributes["pads"], attributes["dilations"], attributes["group"],
+                    attributes["offset_group"],
+                )  # fmt: skip
+                np.testing.assert_allclose(y, expected, rtol=tolerance, atol=tolerance)
+    # Bad input names the node and the input.
+    feeds, attributes = deform_case(rng, np.float32)
+    model = mmcv_model("mmcv", np.float32, True, groups=attributes["group"], deform_groups=attributes["offset_group"],
+                       padding=[1, 0], stride=[1, 2])  # fmt: skip
+    bad = {"input": feeds["X"], "offset": feeds["offset"], "mask": feeds["mask"][:, :3], "weight": feeds["W"],
+           "bias": feeds["B"]}  # fmt: skip
+    expect_error(lambda: session(library, model).run(None, bad), "MMCVModulatedDeformConv2d", "input mask (index 2)")
+
+
+CHECKS = [check_deform_conv2d_values, check_deform_conv2d_bad_input, check_mmcv_modulated_deform_conv2d]
