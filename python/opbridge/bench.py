@@ -469,9 +469,10 @@ def import_added_ms(rows: list[Row]) -> float | None:
     return times["import_opbridge"] - times["import_torch"]
 
 
-# `nox -s parity` on a fresh clone before opbridge shared the exporters' per-process work (main at 715cb7a,
-# measured 2026-11-22 on this machine kind): the baseline of the throughput below.
-PARITY_BEFORE = {"cells": 774, "seconds": 879.0, "commit": "715cb7a"}
+# `nox -s parity` before opbridge shared the exporters' per-process work (main at 715cb7a), measured
+# 2026-11-22 on the machine of docs/benchmarks.md (AMD EPYC, 2 cores; 879 s on an Intel Xeon of the same kind):
+# the baseline of the throughput below.
+PARITY_BEFORE = {"cells": 774, "seconds": 370.0, "commit": "715cb7a"}
 
 
 def parity_section(report: Path | None) -> list[str]:
