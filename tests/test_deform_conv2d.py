@@ -276,6 +276,16 @@ def test_mmcv_dcn_v2_published_values(dtype):
     torch.testing.assert_close(conv_offset.bias.grad, expect("offset_bias_grad"), rtol=0, atol=1e-6)
 
 
+def test_integer_sizes_of_any_integer_type():
+    """numpy integers are integers (torchvision accepts them too); floats and bools are not."""
+    x, offset, weight = torch.randn(1, 4, 5, 5), torch.zeros(1, 18, 5, 5), torch.randn(6, 4, 3, 3)
+    expected = opbridge.deform_conv2d(x, offset, weight, padding=1)
+    for padding in (np.int64(1), (np.int32(1), 1), [1, 1]):
+        torch.testing.assert_close(opbridge.deform_conv2d(x, offset, weight, padding=padding), expected)
+    module = opbridge.nn.DeformConv2d(np.int64(4), 6, np.int64(3))
+    assert type(module.in_channels) is int and module.kernel_size == (3, 3)
+
+
 def test_offset_gradient_on_the_border():
     """A sample exactly on the border of the padded-out region (y or x == -1 or == size) lies outside: its
     value is 0 and so is its offset gradient (mmcv's convention, which mmcv's published DCNv2 values depend
@@ -473,6 +483,7 @@ CONTRACT_CASES = {
         (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, stride=1.5), TypeError, ["stride", "1.5"]),
         (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, padding=(0.9, 0.9)), TypeError, ["padding", "0.9"]),
         (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, dilation=True), TypeError, ["dilation", "True"]),
+        (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, padding=np.float64(1)), TypeError, ["padding", "1.0"]),
         (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, stride=(1, 2, 3)), TypeError, ["stride", "pair"]),
         (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, padding=-1), ValueError, ["padding must be >= 0"]),
         (lambda: opbridge.deform_conv2d(_X, _OFFSET, _W, stride=0), ValueError, ["stride must be >= 1"]),

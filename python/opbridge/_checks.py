@@ -4,6 +4,8 @@ the compiler itself enforces the annotated types."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 
@@ -16,19 +18,29 @@ def tensor(op: str, name: str, value, optional: bool = False) -> None:
 
 
 def _is_int(value) -> bool:
-    # bool is an int in Python, never a size; SymInt appears under torch.export / torch.compile.
-    return (isinstance(value, int) and not isinstance(value, bool)) or isinstance(value, torch.SymInt)
+    # Anything with __index__ (int, numpy integers, SymInt under torch.export / torch.compile) but a bool,
+    # which is an int in Python and never a size; floats have no __index__.
+    if isinstance(value, torch.SymInt):
+        return True
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
 def int_pair(op: str, name: str, value, minimum: int) -> list[int]:
-    """An int or a pair of ints (tuple or list), each >= ``minimum``, as a list of two."""
+    """An int or a pair of ints (tuple or list), each >= ``minimum``, as a list of two Python ints."""
     values = [value, value] if _is_int(value) else value
     if not isinstance(values, (tuple, list)) or len(values) != 2 or not all(_is_int(v) for v in values):
         raise TypeError(f"{op}: {name} must be an int or a pair of ints, got {value!r}")
+    values = [v if isinstance(v, torch.SymInt) else operator.index(v) for v in values]
     for v in values:
         if not isinstance(v, torch.SymInt) and v < minimum:
             raise ValueError(f"{op}: {name} must be >= {minimum}, got {value!r}")
-    return list(values)
+    return values
 
 
 def one_device(op: str, **tensors) -> None:

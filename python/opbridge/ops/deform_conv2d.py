@@ -215,8 +215,10 @@ class DeformConv2d(torch.nn.Module):
     ) -> None:
         super().__init__()
         op = "opbridge.nn.DeformConv2d"
-        for name, value in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
-            _checks.int_pair(op, name, (value, value), minimum=1)  # an int >= 1
+        in_channels, out_channels, groups = (
+            _checks.int_pair(op, name, (value, value), minimum=1)[0]  # an int >= 1, as a Python int
+            for name, value in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups))
+        )
         if in_channels % groups or out_channels % groups:
             raise ValueError(
                 f"{op}: groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}"
