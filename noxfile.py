@@ -232,9 +232,11 @@ def matrix(session: nox.Session, torch: str, onnxruntime: str) -> None:
     # Run outside the source tree so that the installed wheel, not python/, is imported.
     session.chdir(ROOT / "reports")
     session.run("python", "-m", "opbridge", "parity", "--quick", "--json", str(report), *session.posargs)
-    # Plain torch.onnx.export after `import opbridge`, and the private hooks it needs, on this torch.
-    session.install("pytest", "pytest-xdist")
-    session.run("pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_plain_export.py"))
+    # Plain torch.onnx.export after `import opbridge`, and the private hooks it needs, on each torch (the torch
+    # axis runs the newest ORT; older ones cannot read what the dynamo exporter writes, which parity labels n/a).
+    if onnxruntime == "newest":
+        session.install("pytest", "pytest-xdist")
+        session.run("pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_plain_export.py"))
 
 
 @nox.session(default=False, tags=["matrix"])
