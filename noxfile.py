@@ -211,7 +211,13 @@ def wheels(session: nox.Session, torch: str) -> None:
         "pip", "wheel", "--no-build-isolation", "--no-deps", f"--config-settings=build-dir={build_dir}",
         "-w", str(DIST), str(ROOT),
     )  # fmt: skip
-    if not list(DIST.glob("opbridge_ort-*.whl")):
+    # The runtime wheel is the same for every torch: built once, and again when its sources changed since.
+    runtime_wheels = list(DIST.glob("opbridge_ort-*.whl"))
+    sources = [p for d in ("cpp", "cmake", "python/opbridge_ort") for p in (ROOT / d).rglob("*") if p.is_file()]
+    newest_source = max(p.stat().st_mtime for p in sources)
+    if not runtime_wheels or min(w.stat().st_mtime for w in runtime_wheels) < newest_source:
+        for stale in runtime_wheels:
+            stale.unlink()
         session.run("pip", "wheel", "--no-deps", "-w", str(DIST), str(ROOT / "python" / "runtime"))
 
 
