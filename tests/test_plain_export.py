@@ -109,6 +109,21 @@ def test_default_lowering_for_the_process():
         pass
 
 
+def test_torchs_own_dynamo_rules_stay_for_ops_it_translates():
+    """The ATen mappings exist for the TorchScript-based exporter; with the dynamo exporter torch's own rules
+    stay (e.g. bitwise_not of a bool mask is Not, which ONNX Runtime runs; BitwiseNot has no bool kernel)."""
+
+    class Model(torch.nn.Module):
+        def forward(self, mask, x):
+            return torch.where(~mask, x, torch.asinh(x))
+
+    mask, x = torch.tensor([True, False, True]), torch.randn(3)
+    model = _plain_export(Model().eval(), (mask, x), dynamo=True)
+    assert "BitwiseNot" not in {n.op_type for n in model.graph.node}
+    (got,) = _run(model, (mask, x))
+    np.testing.assert_allclose(got, Model()(mask, x).numpy(), rtol=1e-6)
+
+
 def test_lowering_blocks_are_per_thread():
     seen = {}
 

@@ -95,6 +95,10 @@ class OpSpec:
     #: torchvision whose compiled ops load); checked when the matrix or an export needs the op,
     #: never at import. None: always.
     available: Callable[[], bool] | None = None
+    #: for an op torch's dynamo exporter translates itself (aten, torchvision): whether the standard lowering
+    #: replaces torch's rule there too (because it is missing or wrong); otherwise the mapping serves the
+    #: TorchScript-based exporter, and custom/function lowerings both.
+    dynamo_overrides_torch: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -45,8 +45,10 @@ def translation_table(lowering: str | None = None, opset_version: int = MIN_OPSE
     yourself, or let :func:`opbridge.onnx.export` (or plain ``torch.onnx.export``
     after ``import opbridge``) do it. An opbridge op with no lowering of that kind
     at that opset gets an entry that fails with a clear error if the model uses
-    it; a mapping of an op torch already exports (e.g. ``aten::*``) with no
-    lowering there gets no entry, so torch's own rule applies.
+    it. A mapping of an op torch's dynamo exporter already translates (``aten::*``, ``torchvision::*``) gets an
+    entry only for a ``custom`` or ``function`` lowering, or if its spec sets ``dynamo_overrides_torch`` (torch's
+    rule is missing or wrong there; mappings registered with ``register_mapping`` do); otherwise torch's own
+    rule applies.
     """
     from ._state import current_lowering
 
@@ -58,8 +60,12 @@ def translation_table(lowering: str | None = None, opset_version: int = MIN_OPSE
         if overload is None:
             continue
         try:
-            table[overload] = dynamo_translation(spec.lowering(kind, opset).build, opset)
+            lowering = spec.lowering(kind, opset)
         except specs.LoweringError as error:
             if spec.namespace not in TORCH_TRANSLATES:  # nobody else can export the op: say why not
                 table[overload] = _unsupported(error)
+            continue
+        if spec.namespace in TORCH_TRANSLATES and lowering.kind == "standard" and not spec.dynamo_overrides_torch:
+            continue  # torch's dynamo exporter has its own standard rule for the op (the mapping serves the legacy one)
+        table[overload] = dynamo_translation(lowering.build, opset)
     return table

@@ -122,6 +122,7 @@ def register_mapping(
             torch_op=torch_op,
             doc=f"{torch_op} (mapping registered with opbridge.onnx.register_mapping)",
             lowerings=[specs.Lowering(kind, build, min_opset=min_opset, max_opset=max_opset, function=function)],
+            dynamo_overrides_torch=True,  # the user's rule wins over torch's own, with both exporters
         )
     )
     _legacy.register_symbolics(only=spec)

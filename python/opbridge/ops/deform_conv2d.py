@@ -634,6 +634,9 @@ specs.register(
         call_paths={"torchvision": lambda: _DeformModel(use_torchvision=True)},
         # Checked when the matrix needs it, not at import: importing torchvision costs a second.
         available=_torchvision_ops_load,
+        # torch's own dynamo rule emits DeformConv, which needs opset >= 19 and ORT >= 1.25: ours also serves
+        # opsets 18 and below with the decomposition.
+        dynamo_overrides_torch=True,
         **{**_COMMON, "custom_node": None, "known_gaps": _torchvision_gaps},
     )
 )
