@@ -116,11 +116,6 @@ class OpSpec:
         except (AttributeError, RuntimeError):
             return None
 
-    @property
-    def overload(self) -> Any:
-        namespace, name = self.torch_op.split("::")
-        return getattr(getattr(torch.ops, namespace), name).default
-
     def lowering(self, kind: str, opset: int) -> Lowering:
         """The lowering of ``kind`` valid at ``opset``; raises LoweringError (saying what exists) if none."""
         if kind not in LOWERING_KINDS:
@@ -138,12 +133,6 @@ class OpSpec:
             f"{self.torch_op} has no {kind!r} ONNX lowering at opset {opset}. Available: {available}. "
             "Pick another opset or lowering in opbridge.onnx.export(..., opset_version=..., lowering=...)."
         )
-
-    def opset_range(self, kind: str) -> tuple[int, int | None]:
-        ranges = [(lw.min_opset, lw.max_opset) for lw in self.lowerings if lw.kind == kind]
-        lows = [low for low, _ in ranges]
-        highs = [high for _, high in ranges]
-        return min(lows), (None if None in highs else max(highs))
 
 
 def torch_version() -> tuple[int, int]:

@@ -194,15 +194,6 @@ def _broadcast(a: list | None, b: list | None) -> list | None:
     return out
 
 
-def legacy_symbolic(fn: Callable) -> Callable:
-    """A symbolic for torch.onnx.register_custom_op_symbolic from a builder lowering."""
-
-    def symbolic(g, *args):
-        return fn(LegacyBuilder(g), *args)
-
-    return symbolic
-
-
 def dynamo_translation(fn: Callable, opset: int) -> Callable:
     """A custom_translation_table entry from a builder lowering."""
 
