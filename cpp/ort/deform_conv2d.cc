@@ -59,6 +59,34 @@ int64_t int_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* 
   return absent ? fallback : value;
 }
 
+// The part both node forms share: the checks, the output and the kernel. `mask` and `bias` may be absent.
+template <class T>
+Ort::Status run_deform_conv2d(OrtKernelContext* context, const kernels::DeformConv2dNames& names,
+                              const kernels::DeformConv2dAttributes& attributes, const Ort::Custom::Tensor<T>& x,
+                              const Ort::Custom::Tensor<T>& w, const Ort::Custom::Tensor<T>& offset,
+                              const std::optional<Ort::ConstValue>& mask, const std::optional<Ort::ConstValue>& bias,
+                              Ort::Custom::Tensor<T>& y) {
+  std::vector<int64_t> bias_shape, mask_shape;
+  if (bias) bias_shape = bias->GetTensorTypeAndShapeInfo().GetShape();
+  if (mask) mask_shape = mask->GetTensorTypeAndShapeInfo().GetShape();
+  kernels::DeformConv2dShape shape;
+  const auto status =
+      kernels::check_deform_conv2d(names, x.Shape(), w.Shape(), offset.Shape(), mask ? &mask_shape : nullptr,
+                                   bias ? &bias_shape : nullptr, attributes, shape);
+  if (!status.ok()) return from_kernel(status);
+  T* out = y.Allocate({shape.batch, shape.out_channels, shape.out_h, shape.out_w});
+  if (shape.batch == 0) return Ort::Status(nullptr);
+  kernels::deform_conv2d(x.Data(), w.Data(), offset.Data(), mask ? mask->GetTensorData<T>() : nullptr,
+                         bias ? bias->GetTensorData<T>() : nullptr, out, shape, SessionThreads(context), gemm<T>);
+  return Ort::Status(nullptr);
+}
+
+// An optional input, absent when the node has fewer inputs or an empty name there.
+inline std::optional<Ort::ConstValue> optional_input(Ort::KernelContext& ctx, size_t index) {
+  if (ctx.GetInputCount() > index && ctx.GetInput(index)) return ctx.GetInput(index);
+  return std::nullopt;
+}
+
 template <class T>
 struct DeformConv2d {
   DeformConv2d(const OrtApi* api, const OrtKernelInfo* info) {
@@ -76,23 +104,8 @@ struct DeformConv2d {
       // B and mask are optional and may be omitted by an empty name, which the
       // lite API's optional tensors do not survive: read them here.
       Ort::KernelContext ctx(context);
-      const size_t inputs = ctx.GetInputCount();
-      std::optional<Ort::ConstValue> bias, mask;
-      if (inputs > 3 && ctx.GetInput(3)) bias = ctx.GetInput(3);
-      if (inputs > 4 && ctx.GetInput(4)) mask = ctx.GetInput(4);
-      std::vector<int64_t> bias_shape, mask_shape;
-      if (bias) bias_shape = bias->GetTensorTypeAndShapeInfo().GetShape();
-      if (mask) mask_shape = mask->GetTensorTypeAndShapeInfo().GetShape();
-      kernels::DeformConv2dShape shape;
-      const auto status =
-          kernels::check_deform_conv2d(kNames, x.Shape(), w.Shape(), offset.Shape(), mask ? &mask_shape : nullptr,
-                                       bias ? &bias_shape : nullptr, attributes, shape);
-      if (!status.ok()) return from_kernel(status);
-      T* out = y.Allocate({shape.batch, shape.out_channels, shape.out_h, shape.out_w});
-      if (shape.batch == 0) return Ort::Status(nullptr);
-      kernels::deform_conv2d(x.Data(), w.Data(), offset.Data(), mask ? mask->GetTensorData<T>() : nullptr,
-                             bias ? bias->GetTensorData<T>() : nullptr, out, shape, SessionThreads(context), gemm<T>);
-      return Ort::Status(nullptr);
+      return run_deform_conv2d(context, kNames, attributes, x, w, offset, optional_input(ctx, 4),
+                               optional_input(ctx, 3), y);
     });
   }
 
@@ -146,23 +159,12 @@ struct MmcvModulatedDeformConv2d {
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& x, const Ort::Custom::Tensor<T>& offset,
-                      const Ort::Custom::Tensor<T>& mask, const Ort::Custom::Tensor<T>& w, Ort::Custom::Tensor<T>& y) {
+                      const Ort::Custom::Tensor<T>& /*mask, read as input 2*/, const Ort::Custom::Tensor<T>& w,
+                      Ort::Custom::Tensor<T>& y) {
     return guarded(kMmcvOp, [&] {
       Ort::KernelContext ctx(context);
-      std::optional<Ort::ConstValue> bias;
-      if (ctx.GetInputCount() > 4 && ctx.GetInput(4)) bias = ctx.GetInput(4);
-      std::vector<int64_t> bias_shape;
-      if (bias) bias_shape = bias->GetTensorTypeAndShapeInfo().GetShape();
-      const auto& mask_shape = mask.Shape();
-      kernels::DeformConv2dShape shape;
-      const auto status = kernels::check_deform_conv2d(kMmcvNames, x.Shape(), w.Shape(), offset.Shape(), &mask_shape,
-                                                       bias ? &bias_shape : nullptr, attributes, shape);
-      if (!status.ok()) return from_kernel(status);
-      T* out = y.Allocate({shape.batch, shape.out_channels, shape.out_h, shape.out_w});
-      if (shape.batch == 0) return Ort::Status(nullptr);
-      kernels::deform_conv2d(x.Data(), w.Data(), offset.Data(), mask.Data(), bias ? bias->GetTensorData<T>() : nullptr,
-                             out, shape, SessionThreads(context), gemm<T>);
-      return Ort::Status(nullptr);
+      return run_deform_conv2d(context, kMmcvNames, attributes, x, w, offset, ctx.GetInput(2), optional_input(ctx, 4),
+                               y);
     });
   }
 
