@@ -426,6 +426,57 @@ def test_dynamic_batch_and_spatial_size(tmp_path, use_torchvision, dynamo, opset
         torch.testing.assert_close(torch.from_numpy(y), model(other), rtol=1e-4, atol=1e-4)
 
 
+class _Functional(torch.nn.Module):
+    def __init__(self, weight, bias, stride, padding, dilation):
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight)
+        self.bias = None if bias is None else torch.nn.Parameter(bias)
+        self.options = stride, padding, dilation
+
+    def forward(self, x, offset, mask):
+        return opbridge.deform_conv2d(x, offset, self.weight, self.bias, *self.options, mask=mask)
+
+
+@pytest.mark.filterwarnings("ignore:# The axis name:UserWarning")  # torch.export's note on the shared batch Dim
+@pytest.mark.parametrize(("dynamo", "opset"), [(False, 9), (False, 11), (False, 13), (False, 18), (True, 18)])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c[:5])) + f"-k{c[5]}")
+def test_standard_decomposition_on_every_option(config, dynamo, opset):
+    """The Gather + MatMul decomposition (opset < 19) against the numpy reference, float64: every option of
+    CONFIGS, run at the exported sizes, at a new batch and image size, with offsets far outside the image,
+    and with an empty batch."""
+    x, offset, weight, bias, stride, padding, dilation, mask, groups, offset_groups = _inputs(config, torch.float64)
+    n, c, h, w, c_out, (kh, kw) = config[:6]
+    mask = torch.rand(offset.shape[0], offset.shape[1] // 2, *offset.shape[2:], dtype=torch.float64)
+    model = _Functional(weight, bias, stride, padding, dilation).eval()
+    names = ["x", "offset", "mask"]
+    if dynamo:
+        batch = torch.export.Dim("batch", min=0)
+        extra = {"dynamic_shapes": {k: {0: batch, 2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO} for k in names}}
+    else:
+        extra = {"dynamic_axes": {k: {0: "batch", 2: f"{k}_h", 3: f"{k}_w"} for k in names}}
+    proto = opbridge.onnx.export(model, (x, offset, mask), None, opset_version=opset, dynamo=dynamo,
+                                 lowering="standard", input_names=names, **extra)  # fmt: skip
+    assert all(node.domain == "" and node.op_type != "DeformConv" for node in proto.graph.node)
+    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    g = torch.Generator().manual_seed(1)
+    for batch, height, width, spread in [(n, h, w, 2.0), (n + 1, h + 3, w + 2, 2.0), (2, h, w, 40.0), (0, h, w, 2.0)]:
+        out_h = (height + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+        out_w = (width + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+        inputs = (
+            torch.randn(batch, c, height, width, generator=g, dtype=torch.float64),
+            spread * torch.randn(batch, 2 * offset_groups * kh * kw, out_h, out_w, generator=g, dtype=torch.float64),
+            torch.rand(batch, offset_groups * kh * kw, out_h, out_w, generator=g, dtype=torch.float64),
+        )
+        (got,) = session.run(None, {k: v.numpy() for k, v in zip(names, inputs, strict=True)})
+        assert got.shape == (batch, c_out, out_h, out_w)
+        if batch:
+            expected = deform_conv2d_reference(
+                inputs[0].numpy(), weight.numpy(), inputs[1].numpy(), None if bias is None else bias.numpy(),
+                inputs[2].numpy(), stride, (*padding, *padding), dilation, groups, offset_groups,
+            )  # fmt: skip
+            np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10)
+
+
 def test_standard_deformconv_model_runs_on_ort_with_the_kernel():
     version = tuple(int(v) for v in onnxruntime.__version__.split(".")[:2])
     proto = opbridge.onnx.export(_model(False), (torch.randn(1, 3, 8, 8),), None, opset_version=19, dynamo=False)

@@ -11,7 +11,9 @@ my_add (float32, 1 Mi and 64 Mi elements):
     ``torch_op``    ``opbridge.my_add``; ``torch_eager``: ``2 * a + b``.
 deform_conv2d (float32, 3x3, with mask):
     ``ort_custom``  ORT ``opbridge::DeformConv2d``; ``ort_standard``: ORT's ``DeformConv``
-                    (ORT >= 1.25); ``ort_decomposition``: opbridge's standard-ops lowering (opset 18),
+                    (ORT >= 1.25); ``ort_decomposition``: opbridge's standard-ops lowering (opset 18, dynamic
+                    batch and image size); ``ort_dce_exporter``: the standard-ops model of the PyPI package
+                    ``deform-conv2d-onnx-exporter`` 1.2.0 (opset 12, static shapes; installed by ``nox -s bench``),
     ``gemm``        the GEMMs of the same sizes alone (OpenBLAS, its own threads),
     ``torch_op``    ``opbridge.deform_conv2d``; ``torch_torchvision``: torchvision's CPU kernel.
 
@@ -30,6 +32,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -202,7 +205,8 @@ class Bench:
         models = {
             "ort_custom": _export(module, args, 19, "custom"),
             "ort_standard": _export(module, args, 19, "standard"),
-            "ort_decomposition": _export(module, args, 18, "standard"),
+            "ort_decomposition": _export(module, args, 18, "standard", dynamic=True),
+            "ort_dce_exporter": _dce_exporter_model(module, args, torchvision_op),
         }
         weight, bias = module.weight.detach(), module.bias.detach()
 
@@ -217,6 +221,9 @@ class Bench:
         for threads in self.threads:
             torch.set_num_threads(threads)
             for path, model in models.items():
+                if isinstance(model, str):  # why there is no model
+                    record(threads, path, None, model)
+                    continue
                 try:
                     session = ort_session(model, threads, path == "ort_custom")
                 except Exception as error:  # ORT <= 1.24 has no DeformConv kernel
@@ -278,12 +285,43 @@ def _elementwise_model(custom: bool) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
-def _export(module: torch.nn.Module, args: tuple, opset: int, lowering: str) -> onnx.ModelProto:
+def _export(module: torch.nn.Module, args: tuple, opset: int, lowering: str, dynamic: bool = False) -> onnx.ModelProto:
+    names = ["input", "offset", "mask"]
+    axes = {name: {0: "batch", 2: f"{name}_height", 3: f"{name}_width"} for name in names} if dynamic else None
     with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         return opbridge.onnx.export(
             module, args, opset_version=opset, dynamo=False, lowering=lowering,
-            input_names=["input", "offset", "mask"], output_names=["output"],
+            input_names=names, output_names=["output"], dynamic_axes=axes,
         )  # fmt: skip
+
+
+def _dce_exporter_model(module: torch.nn.Module, args: tuple, torchvision_op) -> onnx.ModelProto | str:
+    """The baseline decomposition of ``deform-conv2d-onnx-exporter`` 1.2.0 (its opset 12, static shapes), or why
+    there is none. It exports torchvision's op through a legacy-exporter symbolic; on torch >= 2.14 it needs
+    ``JitScalarType`` from its new home."""
+    if torchvision_op is None:
+        return "n/a: torchvision's compiled ops do not load with this torch"
+    try:
+        import deform_conv2d_onnx_exporter as dce
+    except ImportError:
+        return "n/a: pip install deform-conv2d-onnx-exporter==1.2.0"
+    if dce.JitScalarType is None:  # torch >= 2.14 moved it
+        from torch.onnx._internal.torchscript_exporter import _type_utils
+
+        dce.JitScalarType = _type_utils.JitScalarType
+    dce.register_deform_conv2d_onnx_op()
+    weight, bias = module.weight.detach(), module.bias.detach()
+
+    class Torchvision(torch.nn.Module):
+        def forward(self, x, offset, mask):
+            return torchvision_op(x, offset, weight, bias, padding=(1, 1), mask=mask)
+
+    buffer = io.BytesIO()
+    with contextlib.redirect_stdout(io.StringIO()), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Torchvision(), args, buffer, opset_version=12, dynamo=False,
+                          input_names=["input", "offset", "mask"], output_names=["output"])  # fmt: skip
+    return onnx.load_from_string(buffer.getvalue())
 
 
 def _torchvision_deform_conv2d():
@@ -347,6 +385,7 @@ TARGETS = [
     ("my_add", "torch_op", "torch_eager", 1.5, {"64 Mi"}),
     ("deform_conv2d", "ort_custom", "ort_standard", 1.0, None),
     ("deform_conv2d", "ort_custom", "ort_decomposition", None, None),
+    ("deform_conv2d", "ort_decomposition", "ort_dce_exporter", 1.5, None),
     ("deform_conv2d", "ort_custom", "gemm", 0.5, None),
     ("deform_conv2d", "torch_op", "torch_torchvision", 3.0, None),
     ("deform_conv2d", "torch_backward", "torchvision_backward", 3.0, None),

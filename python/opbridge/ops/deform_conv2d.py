@@ -333,9 +333,16 @@ def _decomposed(b, x, weight, offset, bias, mask, a: Attributes):
     Follows torchvision: the sample of channel c at kernel tap k=(i, j) for output
     pixel p=(oy, ox) is bilinear(x[n, c], oy*sh - ph + i*dh + dy, ox*sw - pw + j*dw + dx),
     zero outside the image, times the mask; then one MatMul per weight group.
+
+    Layout, chosen for speed in ONNX Runtime: the input goes channels-last and zero-padded
+    (1 row/column before, 2 after), so every Gather index fetches the C/offset_groups contiguous
+    channels of one pixel, and a sample position clamped into [-1, H] x [-1, W] needs no validity
+    masks (outside the image all four corners are padding zeros). Samples are laid out
+    [N, P, offset group, tap, channel], which is already the MatMul's row-major [N*P, C*K] operand.
     """
     kh, kw = a.kernel
     taps, groups, offset_groups, channels = kh * kw, a.groups, a.offset_groups, a.in_channels
+    group_channels = channels // offset_groups
     i64 = b.constant
 
     def const(value):
@@ -347,91 +354,115 @@ def _decomposed(b, x, weight, offset, bias, mask, a: Attributes):
     def as_float(value):
         return b.op("CastLike", value, x) if b.opset >= 15 else b.op("Cast", value, to=_onnx_dtype(b, x))
 
+    def clamp(value, low, high):
+        if b.opset >= 12:  # ORT has no float64 kernel of Clip-11
+            return b.op("Clip", value, low, high)
+        return b.op("Max", b.op("Min", value, high), low)
+
+    def shape(*parts):  # a Reshape target from ints and 1-D int64 tensors, with no -1 (empty batches stay valid)
+        return b.op("Concat", *(i64(list(p)) if isinstance(p, tuple) else p for p in parts), axis=0)
+
     x_shape, offset_shape = b.op("Shape", x), b.op("Shape", offset)
-    height, width = dim(x_shape, 2), dim(x_shape, 3)
+    batch, height, width = dim(x_shape, 0), dim(x_shape, 2), dim(x_shape, 3)
     out_w = dim(offset_shape, 3)
     pixels = b.op("Mul", dim(offset_shape, 2), out_w)
+    n_1d, p_1d = dim(offset_shape, [0]), b.op("Reshape", pixels, i64([1]))
     position = b.iota(pixels)  # p = oy * W_out + ox
     oy = b.op("Div", position, out_w)
     ox = b.op("Sub", position, b.op("Mul", oy, out_w))
-    # Tap rows: base[k, p] = o * stride - pad + tap * dilation, k = i * kw + j.
-    tap_i = torch.tensor([k // kw for k in range(taps)], dtype=torch.float64).reshape(taps, 1)
-    tap_j = torch.tensor([k % kw for k in range(taps)], dtype=torch.float64).reshape(taps, 1)
-    base_y = b.op("Add", b.op("Mul", as_float(oy), const(float(a.stride[0]))),
-                  _float_column(b, x, tap_i * a.dilation[0] - a.padding[0]))  # fmt: skip
-    base_x = b.op("Add", b.op("Mul", as_float(ox), const(float(a.stride[1]))),
-                  _float_column(b, x, tap_j * a.dilation[1] - a.padding[1]))  # fmt: skip
-    # offset [N, 2*G*K, Ho, Wo] -> [N, G, K, 2, P]; dy, dx: [N, G, K, P]
-    offsets = b.op("Reshape", offset, i64([0, offset_groups, taps, 2, -1]))
-    y = b.op("Add", base_y, b.op("Gather", offsets, i64(0), axis=3))
-    xs = b.op("Add", base_x, b.op("Gather", offsets, i64(1), axis=3))
-    height_f, width_f = as_float(height), as_float(width)
+    # base[p, 1, k] = o * stride - pad + tap * dilation, k = i * kw + j
+    tap_i = torch.tensor([k // kw for k in range(taps)], dtype=torch.float64)
+    tap_j = torch.tensor([k % kw for k in range(taps)], dtype=torch.float64)
+    column = i64([-1, 1, 1])
+    base_y = b.op("Add", b.op("Reshape", b.op("Mul", as_float(oy), const(float(a.stride[0]))), column),
+                  _float_constant(b, x, tap_i * a.dilation[0] - a.padding[0]))  # fmt: skip
+    base_x = b.op("Add", b.op("Reshape", b.op("Mul", as_float(ox), const(float(a.stride[1]))), column),
+                  _float_constant(b, x, tap_j * a.dilation[1] - a.padding[1]))  # fmt: skip
+    # offset [N, 2*G*K, Ho, Wo] -> [N, P, G, K, 2]; dy, dx: [N, P, G, K]
+    offsets = b.op(
+        "Transpose", b.op("Reshape", offset, shape(n_1d, (offset_groups, taps, 2), p_1d)), perm=[0, 4, 1, 2, 3]
+    )
+    # Positions clamped into [-1, H] x [-1, W]: a sample outside the image then reads padding only.
+    y = clamp(b.op("Add", base_y, b.op("Gather", offsets, i64(0), axis=4)), const(-1.0), as_float(height))
+    xs = clamp(b.op("Add", base_x, b.op("Gather", offsets, i64(1), axis=4)), const(-1.0), as_float(width))
     y0, x0 = b.op("Floor", y), b.op("Floor", xs)
     ly, lx = b.op("Sub", y, y0), b.op("Sub", xs, x0)
     hy, hx = b.op("Sub", const(1.0), ly), b.op("Sub", const(1.0), lx)
-    inside = b.op(
-        "And",
-        b.op("And", b.op("Greater", y, const(-1.0)), b.op("Less", y, height_f)),
-        b.op("And", b.op("Greater", xs, const(-1.0)), b.op("Less", xs, width_f)),
+    if mask is not None:  # [N, G*K, Ho, Wo] -> [N, P, G, K], folded into the row weights
+        m = b.op("Transpose", b.op("Reshape", mask, shape(n_1d, (offset_groups, taps), p_1d)), perm=[0, 3, 1, 2])
+        hy, ly = b.op("Mul", hy, m), b.op("Mul", ly, m)
+    # x [N, C, H, W] -> zero-padded channels-last rows [N * (H+3) * (W+3) * G, C/G]
+    pads = [0, 0, 1, 1, 0, 0, 2, 2]
+    padded = b.op("Pad", x, i64(pads)) if b.opset >= 11 else b.op("Pad", x, pads=pads)
+    rows = b.op("Reshape", b.op("Transpose", padded, perm=[0, 2, 3, 1]), i64([-1, group_channels]))
+    padded_w = b.op("Add", width, i64(3))
+    row_stride = b.op("Mul", padded_w, i64(offset_groups))  # rows between vertical neighbours
+    first_row = b.op("Reshape", b.op("Mul", b.iota(batch), b.op("Add", height, i64(3))), i64([-1, 1, 1, 1]))
+    iy = b.op("Cast", b.op("Add", y0, const(1.0)), to=7)  # INT64, in [0, H + 1]
+    ix = b.op("Cast", b.op("Add", x0, const(1.0)), to=7)
+    top_left = b.op(
+        "Add",
+        b.op("Mul", b.op("Add", b.op("Mul", b.op("Add", first_row, iy), padded_w), ix), i64(offset_groups)),
+        b.op("Reshape", i64(list(range(offset_groups))), i64([-1, 1])),  # [G, 1]: the group's row in a pixel
     )
-    y1, x1 = b.op("Add", y0, const(1.0)), b.op("Add", x0, const(1.0))
-    last_y, last_x = b.op("Sub", height_f, const(1.0)), b.op("Sub", width_f, const(1.0))
-    zero = const(0.0)
-
-    def valid(yy, xx):
-        y_ok = b.op("And", b.op("Not", b.op("Less", yy, zero)), b.op("Not", b.op("Greater", yy, last_y)))
-        x_ok = b.op("And", b.op("Not", b.op("Less", xx, zero)), b.op("Not", b.op("Greater", xx, last_x)))
-        return b.op("And", inside, b.op("And", y_ok, x_ok))
-
-    def clamp_index(value, last):  # int64 index clamped into [0, last]; invalid corners get weight 0
-        if b.exporter == "dynamo":  # its optimizer mis-folds Min/Max chains on static shapes; Clip is safe
-            clamped = b.op("Clip", value, zero, last)
-        else:
-            clamped = b.op("Max", b.op("Min", value, last), zero)
-        return b.op("Cast", clamped, to=7)  # INT64
-
-    # x [N, C, H, W] -> flat, and per (n, c) the start of its plane: [N, G, C/G, 1]
-    flat = b.op("Reshape", x, i64([-1]))
-    batch = dim(x_shape, 0)
-    plane = b.op("Mul", height, width)
-    plane_starts = b.op(
-        "Mul",
-        b.op(
-            "Reshape", b.iota(b.op("Mul", batch, i64(channels))), i64([-1, offset_groups, channels // offset_groups, 1])
-        ),
-        plane,
+    right = i64(offset_groups)
+    corners = (
+        (top_left, hy, hx),
+        (b.op("Add", top_left, right), hy, lx),
+        (b.op("Add", top_left, row_stride), ly, hx),
+        (b.op("Add", b.op("Add", top_left, row_stride), right), ly, lx),
     )
-    sampled = None
-    for yy, xx, weight_y, weight_x in ((y0, x0, hy, hx), (y0, x1, hy, lx), (y1, x0, ly, hx), (y1, x1, ly, lx)):
-        corner_weight = b.op("Mul", b.op("Mul", weight_y, weight_x), as_float(valid(yy, xx)))
-        index = b.op("Add", b.op("Mul", clamp_index(yy, last_y), width), clamp_index(xx, last_x))
-        # [N, G, K, P] -> [N, G, 1, K*P], then the global index of every (n, c, k, p)
-        index = b.op("Reshape", index, i64([0, offset_groups, 1, -1]))
-        values = b.op("Gather", flat, b.op("Add", plane_starts, index), axis=0)  # [N, G, C/G, K*P]
-        term = b.op("Mul", values, b.op("Reshape", corner_weight, i64([0, offset_groups, 1, -1])))
-        sampled = term if sampled is None else b.op("Add", sampled, term)
-    if mask is not None:  # [N, G*K, Ho, Wo] -> [N, G, 1, K*P]
-        sampled = b.op("Mul", sampled, b.op("Reshape", mask, i64([0, offset_groups, 1, -1])))
-    # columns [N, groups, C/groups*K, P] x weight [groups, Co/groups, C/groups*K]
-    columns = b.op("Reshape", sampled, i64([0, groups, channels // groups * taps, -1]))
-    kernel = b.op("Reshape", weight, i64([groups, a.out_channels // groups, channels // groups * taps]))
-    out = b.op("Reshape", b.op("MatMul", kernel, columns), i64([0, a.out_channels, -1]))
+    def last_axis(value):  # [N, P, G, K] -> [N, P, G, K, 1]
+        return b.op("Unsqueeze", value, i64([4])) if b.opset >= 13 else b.op("Unsqueeze", value, axes=[4])
+
+    terms = [
+        b.op("Mul", b.op("Gather", rows, index, axis=0), last_axis(b.op("Mul", wy, wx)))
+        for index, wy, wx in corners
+    ]  # each [N, P, G, K, C/G]
+    sampled = b.op("Sum", *terms)
+    out_channels = a.out_channels
+    # MatMul operands with no empty batch dimension (ORT's MatMul refuses to broadcast one): rows N*P.
+    rows_1d = b.op("Mul", n_1d, p_1d)
+    if groups == 1:  # columns [N*P, G*K*C/G] x kernel [G*K*C/G, Co]
+        columns = b.op("Reshape", sampled, shape(rows_1d, (taps * channels,)))
+        kernel = b.op(
+            "Transpose",
+            b.op("Reshape", b.op("Transpose", b.op("Reshape", weight, i64([out_channels, offset_groups,
+                 group_channels, taps])), perm=[0, 1, 3, 2]), i64([out_channels, -1])),
+            perm=[1, 0],
+        )  # fmt: skip
+        product = b.op("Reshape", b.op("MatMul", columns, kernel), shape(n_1d, p_1d, (out_channels,)))
+        out = b.op("Transpose", product, perm=[0, 2, 1])  # [N, Co, P]
+    else:  # per weight group: columns [groups, N*P, K*C/groups] x kernel [groups, K*C/groups, Co/groups]
+        per_group = channels // groups
+        by_tap = b.op("Transpose", sampled, perm=[0, 1, 3, 2, 4])  # [N, P, K, G, C/G]
+        columns = b.op(
+            "Transpose", b.op("Reshape", by_tap, shape(rows_1d, (taps, groups, per_group))), perm=[2, 0, 1, 3]
+        )
+        columns = b.op("Reshape", columns, shape((groups,), rows_1d, (taps * per_group,)))
+        kernel = b.op(
+            "Reshape",
+            b.op("Transpose", b.op("Reshape", weight, i64([groups, out_channels // groups, per_group, taps])),
+                 perm=[0, 3, 2, 1]),
+            i64([groups, taps * per_group, out_channels // groups]),
+        )  # fmt: skip
+        product = b.op("Reshape", b.op("MatMul", columns, kernel), shape((groups,), n_1d, p_1d, (out_channels // groups,)))
+        out = b.op("Transpose", product, perm=[1, 0, 3, 2])  # [N, groups, Co/groups, P]
     out_shape = b.op(
-        "Concat", b.op("Gather", offset_shape, i64([0]), axis=0), i64([a.out_channels]),
+        "Concat", b.op("Gather", offset_shape, i64([0]), axis=0), i64([out_channels]),
         b.op("Gather", offset_shape, i64([2, 3]), axis=0), axis=0,
     )  # fmt: skip
     out = b.op("Reshape", out, out_shape)
     if bias is not None:
-        out = b.op("Add", out, b.op("Reshape", bias, i64([1, a.out_channels, 1, 1])))
+        out = b.op("Add", out, b.op("Reshape", bias, i64([1, out_channels, 1, 1])))
     return out
 
 
-def _float_column(b, like, values: torch.Tensor):
-    """A constant [K, 1] of the element type of ``like``."""
+def _float_constant(b, like, values: torch.Tensor):
+    """A constant of the element type of ``like`` (small integers: exact in float)."""
     if b.exporter == "legacy":
         return b.g.op("Constant", value_t=values.to(b.dtype(like)))
-    column = b.op("Constant", value_floats=[float(v) for v in values.flatten()])  # small integers: exact in float
-    return b.op("CastLike", b.op("Reshape", column, b.constant([-1, 1])), like)
+    return b.op("CastLike", b.op("Constant", value_floats=[float(v) for v in values.flatten()]), like)
 
 
 def _onnx_dtype(b, like) -> int:
