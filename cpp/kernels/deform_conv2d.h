@@ -269,12 +269,18 @@ void gemm_reference(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, co
 
 // Output pixels per task: the block's sampled columns (C_in * kh * kw values per
 // pixel) stay within a few MiB, so im2col and the GEMM that reads them share the cache.
+// An image splits into a multiple of 4 blocks of (nearly) equal size, so that 1, 2
+// or 4 threads get the same work each: 10 blocks of 448 pixels and one of 168 left
+// one of two threads idle for 12% of the time on a 50x84 map.
 inline int64_t deform_conv2d_block_pixels(const DeformConv2dShape& s, size_t element_size) {
-  const int64_t depth = s.in_channels * s.kernel_h * s.kernel_w;
+  const int64_t depth = s.in_channels * s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
   const int64_t budget = int64_t(4) << 20;  // bytes of columns per task
-  int64_t block = budget / std::max<int64_t>(1, depth * static_cast<int64_t>(element_size));
-  block = std::clamp<int64_t>(block / 16 * 16, 16, 512);
-  return std::min(block, s.out_h * s.out_w);
+  int64_t largest = budget / std::max<int64_t>(1, depth * static_cast<int64_t>(element_size));
+  largest = std::clamp<int64_t>(largest / 16 * 16, 16, 512);
+  int64_t blocks = (pixels + largest - 1) / largest;
+  if (blocks > 1) blocks = (blocks + 3) / 4 * 4;
+  const int64_t block = ((pixels + blocks - 1) / blocks + 15) / 16 * 16;
+  return std::max<int64_t>(1, std::min(block, pixels));
 }
 
 // out [N, C_out, H_out, W_out] from input [N, C_in, H, W], weight
