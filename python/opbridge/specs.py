@@ -63,6 +63,8 @@ class CustomNode:
     optional_inputs: Sequence[str] = ()
     #: (name, "int" | "ints" | "float" | "floats" | "string") of each (optional) attribute.
     attributes: Sequence[tuple[str, str]] = ()
+    #: inputs of type int64 whatever ``types`` says (sizes, indices).
+    int64_inputs: Sequence[str] = ()
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def _register_custom_nodes(onnx, OpSchema, attribute_types) -> None:
                 inputs=[
                     OpSchema.FormalParameter(
                         name,
-                        "T",
+                        "tensor(int64)" if name in node.int64_inputs else "T",
                         param_option=OpSchema.FormalParameterOption.Optional
                         if name in node.optional_inputs
                         else OpSchema.FormalParameterOption.Single,

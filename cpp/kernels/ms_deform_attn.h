@@ -1,0 +1,250 @@
+// Multi-scale deformable attention (Deformable DETR), framework-free: the shape
+// checks, the forward and the backward shared by the torch op and the ORT op.
+//
+// value               [N, S, M, D]      S = sum over levels of H_l * W_l (flattened maps)
+// spatial_shapes      [L, 2]  int64     (H_l, W_l)
+// level_start_index   [L]     int64     where level l starts in S
+// sampling_locations  [N, Lq, M, L, P, 2]   normalized (x, y), 0..1 spans the map
+// attention_weights   [N, Lq, M, L, P]
+// out                 [N, Lq, M * D]
+//
+// out[n, q, m, :] = sum over l, p of attention_weights[n, q, m, l, p] *
+//   bilinear(value level l of head m, pixel x = loc_x * W_l - 0.5, y = loc_y * H_l - 0.5),
+// zero outside the map (grid_sample with align_corners=False, padding_mode="zeros").
+// A sample contributes only if -1 < x < W_l and -1 < y < H_l; a NaN location fails
+// that test and contributes nothing (as in Deformable DETR's and mmcv's kernels).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/broadcast.h"
+
+namespace opbridge::kernels {
+
+struct MSDeformAttnShape {
+  int64_t batch = 0, keys = 0, heads = 0, channels = 0, queries = 0, levels = 0, points = 0;
+};
+
+// How the calling front end names the op and its inputs in error messages.
+struct MSDeformAttnNames {
+  const char* op;
+  const char* value;
+  const char* spatial_shapes;
+  const char* level_start_index;
+  const char* sampling_locations;
+  const char* attention_weights;
+};
+
+// Checks the shapes of the five inputs and the level table (the data of spatial_shapes and
+// level_start_index, int64, read on the host) and fills `shape`.
+inline Status check_ms_deform_attn(const MSDeformAttnNames& names, const std::vector<int64_t>& value,
+                                   const std::vector<int64_t>& spatial_shapes,
+                                   const std::vector<int64_t>& level_start_index,
+                                   const std::vector<int64_t>& sampling_locations,
+                                   const std::vector<int64_t>& attention_weights, const int64_t* spatial_data,
+                                   const int64_t* start_data, MSDeformAttnShape& shape) {
+  const std::string op = names.op;
+  auto fail = [&](const std::string& message) { return Status{op + ": " + message}; };
+  if (value.size() != 4) {
+    return fail(std::string(names.value) + " must be 4-D [batch, keys, heads, channels], got shape " +
+                shape_to_string(value));
+  }
+  if (spatial_shapes.size() != 2 || spatial_shapes[1] != 2 || spatial_shapes[0] < 1) {
+    return fail(std::string(names.spatial_shapes) + " must have shape [levels, 2] with levels >= 1, got " +
+                shape_to_string(spatial_shapes));
+  }
+  const int64_t levels = spatial_shapes[0];
+  if (level_start_index.size() != 1 || level_start_index[0] != levels) {
+    return fail(std::string(names.level_start_index) + " must have shape [" + std::to_string(levels) +
+                "] (one start per level), got " + shape_to_string(level_start_index));
+  }
+  const std::vector<int64_t> locations_want{value[0], -1, value[2], levels, -1, 2};
+  bool locations_ok = sampling_locations.size() == 6;
+  for (size_t i = 0; locations_ok && i < 6; ++i) {
+    locations_ok = sampling_locations[i] >= 0 && (locations_want[i] < 0 || sampling_locations[i] == locations_want[i]);
+  }
+  if (!locations_ok) {
+    return fail(std::string(names.sampling_locations) + " must have shape [batch " + std::to_string(value[0]) +
+                ", queries, heads " + std::to_string(value[2]) + ", levels " + std::to_string(levels) +
+                ", points, 2], got " + shape_to_string(sampling_locations));
+  }
+  const std::vector<int64_t> weights_want(sampling_locations.begin(), sampling_locations.end() - 1);
+  if (attention_weights != weights_want) {
+    return fail(std::string(names.attention_weights) + " must have shape " + shape_to_string(weights_want) +
+                " (sampling_locations' without the last dimension), got " + shape_to_string(attention_weights));
+  }
+  for (int64_t size : value) {
+    if (size < 0) return fail(std::string(names.value) + " has a negative size: " + shape_to_string(value));
+  }
+  // The level table: non-negative sizes whose areas tile S in order.
+  constexpr int64_t kMaxSide = int64_t(1) << 31;
+  int64_t total = 0;
+  for (int64_t l = 0; l < levels; ++l) {
+    const int64_t height = spatial_data[2 * l], width = spatial_data[2 * l + 1];
+    if (height < 0 || width < 0 || height >= kMaxSide || width >= kMaxSide) {
+      return fail(std::string(names.spatial_shapes) + "[" + std::to_string(l) + "] = (" + std::to_string(height) +
+                  ", " + std::to_string(width) + ") must hold non-negative sizes (height, width) below 2^31");
+    }
+    if (start_data[l] != total) {
+      return fail(std::string(names.level_start_index) + "[" + std::to_string(l) + "] = " +
+                  std::to_string(start_data[l]) + " must be " + std::to_string(total) +
+                  ", the sum of height * width of the levels before it (from " + names.spatial_shapes + ")");
+    }
+    total += height * width;
+    if (total > value[1]) break;  // reported below; stops the sum from overflowing
+  }
+  if (total != value[1]) {
+    return fail("the levels of " + std::string(names.spatial_shapes) + " cover " + std::to_string(total) +
+                " keys (sum of height * width), but " + names.value + " has " + std::to_string(value[1]) +
+                " (its dimension 1)");
+  }
+  shape.batch = value[0];
+  shape.keys = value[1];
+  shape.heads = value[2];
+  shape.channels = value[3];
+  shape.queries = sampling_locations[1];
+  shape.levels = levels;
+  shape.points = sampling_locations[4];
+  return {};
+}
+
+// The (up to) four corners of one bilinear sample that lie inside its level's map.
+template <class T>
+struct MSDeformAttnSample {
+  int64_t key[4];   // rows of the level in value (start + y * W + x)
+  T weight[4];      // bilinear weights
+  bool inside[4];
+  T high_y, low_y, high_x, low_x;  // 1 - ly, ly, 1 - lx, lx
+  bool any = false;
+};
+
+template <class T>
+inline MSDeformAttnSample<T> ms_deform_attn_sample(T loc_x, T loc_y, int64_t height, int64_t width, int64_t start) {
+  MSDeformAttnSample<T> s;
+  const T x = loc_x * static_cast<T>(width) - T(0.5), y = loc_y * static_cast<T>(height) - T(0.5);
+  if (!(x > T(-1) && y > T(-1) && x < static_cast<T>(width) && y < static_cast<T>(height))) return s;  // NaN: out
+  const T fx = std::floor(x), fy = std::floor(y);
+  const int64_t x0 = static_cast<int64_t>(fx), y0 = static_cast<int64_t>(fy);
+  s.low_x = x - fx;
+  s.low_y = y - fy;
+  s.high_x = T(1) - s.low_x;
+  s.high_y = T(1) - s.low_y;
+  const int64_t ys[2] = {y0, y0 + 1}, xs[2] = {x0, x0 + 1};
+  const T wy[2] = {s.high_y, s.low_y}, wx[2] = {s.high_x, s.low_x};
+  for (int c = 0; c < 4; ++c) {
+    const int64_t yy = ys[c >> 1], xx = xs[c & 1];
+    s.inside[c] = yy >= 0 && yy < height && xx >= 0 && xx < width;
+    s.key[c] = s.inside[c] ? start + yy * width + xx : 0;
+    s.weight[c] = s.inside[c] ? wy[c >> 1] * wx[c & 1] : T(0);
+    s.any = s.any || s.inside[c];
+  }
+  return s;
+}
+
+// Queries per forward task: enough work to amortize the scheduling.
+inline int64_t ms_deform_attn_block_queries(const MSDeformAttnShape& s) {
+  const int64_t per_query = std::max<int64_t>(1, s.heads * s.levels * s.points * s.channels);
+  return std::clamp<int64_t>((int64_t(1) << 16) / per_query, 1, 256);
+}
+
+// out [N, Lq, M * D]. spatial_shapes and level_start_index as checked by check_ms_deform_attn.
+// parallel_for(tasks, task) runs task(0..tasks-1), in any order and on any threads.
+template <class T, class ParallelFor>
+void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
+                    const T* sampling_locations, const T* attention_weights, T* out, const MSDeformAttnShape& s,
+                    ParallelFor&& parallel_for) {
+  const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
+  const int64_t block = ms_deform_attn_block_queries(s);
+  const int64_t blocks = (s.queries + block - 1) / block;
+  parallel_for(s.batch * blocks, [&](int64_t task) {
+    const int64_t n = task / blocks, first = task % blocks * block, last = std::min(s.queries, first + block);
+    const T* value_n = value + n * s.keys * m_count * d;
+    for (int64_t q = first; q < last; ++q) {
+      for (int64_t m = 0; m < m_count; ++m) {
+        T* acc = out + ((n * s.queries + q) * m_count + m) * d;
+        std::fill(acc, acc + d, T(0));
+        const int64_t row = (n * s.queries + q) * m_count + m;
+        const T* loc = sampling_locations + row * lp * 2;
+        const T* attn = attention_weights + row * lp;
+        for (int64_t l = 0; l < s.levels; ++l) {
+          const int64_t height = spatial_shapes[2 * l], width = spatial_shapes[2 * l + 1];
+          for (int64_t p = 0; p < s.points; ++p) {
+            const int64_t i = l * s.points + p;
+            const auto sample = ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], height, width, level_start_index[l]);
+            if (!sample.any) continue;
+            for (int c = 0; c < 4; ++c) {
+              if (!sample.inside[c]) continue;
+              const T w = attn[i] * sample.weight[c];
+              const T* v = value_n + (sample.key[c] * m_count + m) * d;
+              for (int64_t k = 0; k < d; ++k) acc[k] += w * v[k];
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// Gradients of value [N, S, M, D] (must be zero on entry), sampling_locations and attention_weights
+// (written in full) from grad_out [N, Lq, M * D]. One task per (image, head): a task owns the
+// value rows of its head, so the scatter into grad_value has no races, and its order is fixed
+// (queries, levels, points in turn): the same bits for the same inputs at any thread count.
+template <class T, class ParallelFor>
+void ms_deform_attn_backward(const T* grad_out, const T* value, const int64_t* spatial_shapes,
+                             const int64_t* level_start_index, const T* sampling_locations,
+                             const T* attention_weights, const MSDeformAttnShape& s, T* grad_value,
+                             T* grad_sampling_locations, T* grad_attention_weights, ParallelFor&& parallel_for) {
+  const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
+  parallel_for(s.batch * m_count, [&](int64_t task) {
+    const int64_t n = task / m_count, m = task % m_count;
+    const T* value_n = value + n * s.keys * m_count * d;
+    T* grad_value_n = grad_value + n * s.keys * m_count * d;
+    for (int64_t q = 0; q < s.queries; ++q) {
+      const int64_t row = (n * s.queries + q) * m_count + m;
+      const T* g = grad_out + row * d;
+      const T* loc = sampling_locations + row * lp * 2;
+      const T* attn = attention_weights + row * lp;
+      T* grad_loc = grad_sampling_locations + row * lp * 2;
+      T* grad_attn = grad_attention_weights + row * lp;
+      for (int64_t l = 0; l < s.levels; ++l) {
+        const int64_t height = spatial_shapes[2 * l], width = spatial_shapes[2 * l + 1];
+        for (int64_t p = 0; p < s.points; ++p) {
+          const int64_t i = l * s.points + p;
+          const auto sample = ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], height, width, level_start_index[l]);
+          grad_loc[2 * i] = grad_loc[2 * i + 1] = grad_attn[i] = T(0);
+          if (!sample.any) continue;
+          // g . v_c for the four corners (zero outside the map) give every gradient but value's.
+          T dots[4] = {T(0), T(0), T(0), T(0)};
+          for (int c = 0; c < 4; ++c) {
+            if (!sample.inside[c]) continue;
+            const T* v = value_n + (sample.key[c] * m_count + m) * d;
+            T dot = T(0);
+            for (int64_t k = 0; k < d; ++k) dot += g[k] * v[k];
+            dots[c] = dot;
+          }
+          const T a = attn[i];
+          grad_attn[i] = sample.weight[0] * dots[0] + sample.weight[1] * dots[1] + sample.weight[2] * dots[2] +
+                         sample.weight[3] * dots[3];
+          // d(sample)/dx = hy * (v01 - v00) + ly * (v11 - v10); x = loc_x * W - 0.5.
+          const T dx = sample.high_y * (dots[1] - dots[0]) + sample.low_y * (dots[3] - dots[2]);
+          const T dy = sample.high_x * (dots[2] - dots[0]) + sample.low_x * (dots[3] - dots[1]);
+          grad_loc[2 * i] = a * dx * static_cast<T>(width);
+          grad_loc[2 * i + 1] = a * dy * static_cast<T>(height);
+          for (int c = 0; c < 4; ++c) {
+            if (!sample.inside[c]) continue;
+            const T w = a * sample.weight[c];
+            T* gv = grad_value_n + (sample.key[c] * m_count + m) * d;
+            for (int64_t k = 0; k < d; ++k) gv[k] += w * g[k];
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace opbridge::kernels

@@ -1,0 +1,533 @@
+"""ms_deform_attn: multi-scale deformable attention, the core op of Deformable DETR and its family
+(DINO, Co-DETR, Mask2Former, GroundingDINO, BEVFormer, ...).
+
+Semantics of Deformable DETR's ``ms_deform_attn_core_pytorch`` and mmcv's
+``multi_scale_deformable_attn_pytorch``: for each query and head, the sum over levels and points
+of attention weight times the value sampled bilinearly at pixel (x * W_l - 0.5, y * H_l - 0.5),
+zero outside the map (``grid_sample`` with ``align_corners=False``, ``padding_mode="zeros"``).
+
+Lowerings (dynamic batch and image size: the level table is read from tensors at run time):
+
+* ``custom``: one ``opbridge::MultiScaleDeformableAttention`` node (any opset), run by opbridge's
+  ORT library; the library also runs mmdeploy's ``mmdeploy::MMCVMultiScaleDeformableAttention``.
+* ``standard``, opset >= 16: ``GridSample`` per level;
+* ``standard``, opset 11-15: a Gather-based bilinear decomposition.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import _checks, specs
+from ..specs import LoweringError
+
+#: Public names: ``opbridge.<name>``; ``NN_MODULES`` go to ``opbridge.nn``.
+__all__ = ["ms_deform_attn", "ms_deform_attn_level_table", "MSDeformAttnFunction"]
+NN_MODULES = ["MultiScaleDeformableAttention"]
+
+_OP = "opbridge.ms_deform_attn"
+
+
+# --- torch ---------------------------------------------------------------------------------------------------------
+
+
+def ms_deform_attn(
+    value: Tensor,
+    spatial_shapes: Tensor,
+    level_start_index: Tensor,
+    sampling_locations: Tensor,
+    attention_weights: Tensor,
+) -> Tensor:
+    """Multi-scale deformable attention: ``torch.ops.opbridge.ms_deform_attn``.
+
+    Args:
+        value: ``[N, S, M, D]``, the flattened maps of every level (S = sum of H_l * W_l), M heads of D channels.
+        spatial_shapes: ``[L, 2]`` integer, (H_l, W_l) of each level.
+        level_start_index: ``[L]`` integer, where each level starts in S (0, H_0 * W_0, ...); must agree
+            with ``spatial_shapes``.
+        sampling_locations: ``[N, Lq, M, L, P, 2]``, normalized (x, y): 0 and 1 are the map's outer edges.
+        attention_weights: ``[N, Lq, M, L, P]``.
+
+    Returns:
+        ``[N, Lq, M * D]`` of value's dtype.
+
+    Raises:
+        TypeError: an argument is not a tensor.
+        RuntimeError: dtypes differ or are not float32/float64 (the level table: any integer type), a tensor
+            is not on the CPU, the shapes disagree, or the level table does not tile S (the message gives the
+            numbers).
+
+    A location outside the map (or NaN) samples zeros. float32 or float64, CPU. Differentiable in value,
+    sampling_locations and attention_weights (deterministic C++ backward; double backward raises).
+    Scriptable, traceable by ``torch.export`` and ``torch.compile``; exports to one
+    ``opbridge::MultiScaleDeformableAttention`` node or to standard ONNX ops (see :mod:`opbridge.onnx`).
+    """
+    if not torch.jit.is_scripting():
+        for name, tensor in (("value", value), ("spatial_shapes", spatial_shapes),
+                             ("level_start_index", level_start_index), ("sampling_locations", sampling_locations),
+                             ("attention_weights", attention_weights)):  # fmt: skip
+            _checks.tensor(_OP, name, tensor)
+    return torch.ops.opbridge.ms_deform_attn(
+        value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+    )
+
+
+@torch.library.register_fake("opbridge::ms_deform_attn")
+def _ms_deform_attn_fake(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+    op = "opbridge::ms_deform_attn"
+    _checks.one_device(op, value=value, spatial_shapes=spatial_shapes, level_start_index=level_start_index,
+                       sampling_locations=sampling_locations, attention_weights=attention_weights)  # fmt: skip
+    torch._check(
+        value.dim() == 4 and sampling_locations.dim() == 6 and attention_weights.dim() == 5,
+        lambda: (
+            f"{op}: value must be 4-D [N, S, M, D], sampling_locations 6-D [N, Lq, M, L, P, 2] and "
+            f"attention_weights 5-D [N, Lq, M, L, P]; got shapes {tuple(value.shape)}, "
+            f"{tuple(sampling_locations.shape)} and {tuple(attention_weights.shape)}"
+        ),
+    )
+    for name, tensor in (("sampling_locations", sampling_locations), ("attention_weights", attention_weights)):
+        torch._check(
+            tensor.dtype == value.dtype,
+            lambda name=name, tensor=tensor: f"{op}: {name} must have the dtype of value ({value.dtype}), got {tensor.dtype}",
+        )
+    torch._check(
+        not spatial_shapes.dtype.is_floating_point and not level_start_index.dtype.is_floating_point,
+        lambda: f"{op}: spatial_shapes and level_start_index must be integer tensors (int64)",
+    )
+    n, _, heads, channels = value.shape
+    torch._check(
+        sampling_locations.shape[0] == n and sampling_locations.shape[2] == heads,
+        lambda: f"{op}: sampling_locations {tuple(sampling_locations.shape)} must match value's batch and heads "
+        f"{(n, heads)}",
+    )
+    return value.new_empty((n, sampling_locations.shape[1], heads * channels))
+
+
+@torch.library.register_fake("opbridge::ms_deform_attn_backward")
+def _ms_deform_attn_backward_fake(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+                                  attention_weights):  # fmt: skip
+    _checks.one_device("opbridge::ms_deform_attn_backward", grad_output=grad_output, value=value,
+                       sampling_locations=sampling_locations, attention_weights=attention_weights)  # fmt: skip
+    return tuple(
+        torch.empty_like(t, memory_format=torch.contiguous_format)
+        for t in (value, sampling_locations, attention_weights)
+    )
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, grad: Tensor):
+    value, spatial_shapes, level_start_index, locations, weights = ctx.saved_tensors
+    grad_value, grad_locations, grad_weights = torch.ops.opbridge.ms_deform_attn_backward(
+        grad, value, spatial_shapes, level_start_index, locations, weights
+    )
+    needs = ctx.needs_input_grad
+    return (
+        grad_value if needs[0] else None,
+        None,
+        None,
+        grad_locations if needs[3] else None,
+        grad_weights if needs[4] else None,
+    )
+
+
+torch.library.register_autograd("opbridge::ms_deform_attn", _backward, setup_context=_setup_context)
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "opbridge::ms_deform_attn: gradients of its gradients (double backward) are not supported; leave "
+        "create_graph=False"
+    )
+
+
+torch.library.register_autograd(
+    "opbridge::ms_deform_attn_backward", _no_double_backward, setup_context=lambda ctx, inputs, output: None
+)
+
+
+class MSDeformAttnFunction(torch.autograd.Function):
+    """Deformable DETR's ``MSDeformAttnFunction`` and mmcv's ``MultiScaleDeformableAttnFunction``, on the CPU
+    and exportable: the same call, ``apply(value, spatial_shapes, level_start_index, sampling_locations,
+    attention_weights, im2col_step)``, so an existing model switches by one assignment::
+
+        import models.ops.functions.ms_deform_attn_func as detr   # Deformable DETR (and DINO, ...)
+        detr.MSDeformAttnFunction = opbridge.MSDeformAttnFunction
+        import models.ops.modules.ms_deform_attn as detr_module
+        detr_module.MSDeformAttnFunction = opbridge.MSDeformAttnFunction
+
+    ``apply`` calls :func:`ms_deform_attn` (the registered torch op, whose autograd is the same C++ backward),
+    so the model also exports with both ONNX exporters, traces with ``torch.export`` and compiles; a Python
+    autograd.Function would be opaque to all of them. ``im2col_step`` (a CUDA batching knob) is accepted and
+    ignored. ``forward``/``backward`` exist for code that subclasses or calls them directly.
+    """
+
+    @staticmethod
+    def apply(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step=64):
+        return ms_deform_attn(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+
+    @staticmethod
+    def forward(ctx, value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step=64):
+        ctx.save_for_backward(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+        return torch.ops.opbridge.ms_deform_attn(
+            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+        )
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        value, spatial_shapes, level_start_index, locations, weights = ctx.saved_tensors
+        grads = torch.ops.opbridge.ms_deform_attn_backward(
+            grad_output.contiguous(), value, spatial_shapes, level_start_index, locations, weights
+        )
+        return grads[0], None, None, grads[1], grads[2], None
+
+
+class MultiScaleDeformableAttention(torch.nn.Module):
+    """The multi-scale deformable attention layer of Deformable DETR (``MSDeformAttn``): sampling offsets and
+    attention weights predicted from the query, a value projection of the flattened multi-level maps, the
+    op, an output projection. Parameters and ``state_dict`` keys as Deformable DETR's and mmcv's
+    (``sampling_offsets``, ``attention_weights``, ``value_proj``, ``output_proj``), and their initialisation.
+
+    ``forward(query, reference_points, value, spatial_shapes, level_start_index, key_padding_mask=None)``:
+
+    * query ``[N, Lq, embed_dims]``; value ``[N, S, embed_dims]`` (the flattened levels);
+    * reference_points ``[N, Lq, L, 2]`` normalized (x, y), or ``[N, Lq, L, 4]`` boxes (cx, cy, w, h);
+    * spatial_shapes ``[L, 2]``, level_start_index ``[L]`` (integer tensors; take them from the feature
+      maps' shapes with tensor ops and an export keeps the image size dynamic);
+    * key_padding_mask ``[N, S]`` bool, True where value is padding (zeroed).
+
+    Returns ``[N, Lq, embed_dims]``.
+    """
+
+    def __init__(self, embed_dims: int = 256, num_heads: int = 8, num_levels: int = 4, num_points: int = 4) -> None:
+        super().__init__()
+        op = "opbridge.nn.MultiScaleDeformableAttention"
+        embed_dims, num_heads, num_levels, num_points = (
+            _checks.int_pair(op, name, (value, value), minimum=1)[0]
+            for name, value in (("embed_dims", embed_dims), ("num_heads", num_heads), ("num_levels", num_levels),
+                                ("num_points", num_points))  # fmt: skip
+        )
+        if embed_dims % num_heads:
+            raise ValueError(f"{op}: num_heads={num_heads} must divide embed_dims={embed_dims}")
+        self.embed_dims, self.num_heads, self.num_levels, self.num_points = embed_dims, num_heads, num_levels, num_points
+        samples = num_heads * num_levels * num_points
+        self.sampling_offsets = torch.nn.Linear(embed_dims, samples * 2)
+        self.attention_weights = torch.nn.Linear(embed_dims, samples)
+        self.value_proj = torch.nn.Linear(embed_dims, embed_dims)
+        self.output_proj = torch.nn.Linear(embed_dims, embed_dims)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Deformable DETR's initialisation: offsets start on a ring of directions (one per head, growing
+        with the point index), uniform attention, Xavier-uniform projections."""
+        torch.nn.init.constant_(self.sampling_offsets.weight, 0.0)
+        angles = torch.arange(self.num_heads, dtype=torch.float32) * (2.0 * math.pi / self.num_heads)
+        grid = torch.stack([angles.cos(), angles.sin()], -1)
+        grid = (grid / grid.abs().max(-1, keepdim=True)[0]).view(self.num_heads, 1, 1, 2)
+        grid = grid.repeat(1, self.num_levels, self.num_points, 1)
+        grid = grid * torch.arange(1, self.num_points + 1, dtype=torch.float32).view(1, 1, -1, 1)
+        with torch.no_grad():
+            self.sampling_offsets.bias.copy_(grid.view(-1))
+        torch.nn.init.constant_(self.attention_weights.weight, 0.0)
+        torch.nn.init.constant_(self.attention_weights.bias, 0.0)
+        for linear in (self.value_proj, self.output_proj):
+            torch.nn.init.xavier_uniform_(linear.weight)
+            torch.nn.init.constant_(linear.bias, 0.0)
+
+    def forward(
+        self,
+        query: Tensor,
+        reference_points: Tensor,
+        value: Tensor,
+        spatial_shapes: Tensor,
+        level_start_index: Tensor,
+        key_padding_mask: Optional[Tensor] = None,  # noqa: UP045  (TorchScript)
+    ) -> Tensor:
+        n, queries = query.shape[0], query.shape[1]
+        keys = value.shape[1]
+        heads, levels, points = self.num_heads, self.num_levels, self.num_points
+        v = self.value_proj(value)
+        if key_padding_mask is not None:
+            v = v.masked_fill(key_padding_mask[..., None], 0.0)
+        v = v.view(n, keys, heads, self.embed_dims // heads)
+        offsets = self.sampling_offsets(query).view(n, queries, heads, levels, points, 2)
+        weights = self.attention_weights(query).view(n, queries, heads, levels * points).softmax(-1)
+        weights = weights.view(n, queries, heads, levels, points)
+        if reference_points.shape[-1] == 2:
+            size = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1).to(offsets.dtype)  # (W, H)
+            locations = reference_points[:, :, None, :, None, :] + offsets / size[None, None, None, :, None, :]
+        elif reference_points.shape[-1] == 4:
+            locations = (reference_points[:, :, None, :, None, :2]
+                         + offsets / points * reference_points[:, :, None, :, None, 2:] * 0.5)  # fmt: skip
+        else:
+            raise ValueError(
+                "opbridge.nn.MultiScaleDeformableAttention: reference_points must end in 2 (x, y) or 4 "
+                f"(cx, cy, w, h), got shape {tuple(reference_points.shape)}"
+            )
+        out = ms_deform_attn(v, spatial_shapes, level_start_index, locations, weights)
+        return self.output_proj(out)
+
+    def extra_repr(self) -> str:
+        return (f"embed_dims={self.embed_dims}, num_heads={self.num_heads}, num_levels={self.num_levels}, "
+                f"num_points={self.num_points}")  # fmt: skip
+
+
+def ms_deform_attn_level_table(*features: Tensor) -> tuple[Tensor, Tensor]:
+    """``(spatial_shapes, level_start_index)`` of feature maps ``[N, C, H_l, W_l]``, built with tensor ops from
+    their shapes, so that an exported model reads the image size at run time instead of baking it in."""
+    shapes = torch.stack([torch._shape_as_tensor(f)[-2:] for f in features]).to(torch.int64)
+    areas = shapes[:, 0] * shapes[:, 1]
+    starts = torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]])
+    return shapes, starts
+
+
+# --- the independent reference: grid_sample per level (Deformable DETR's pure-PyTorch path) ------------------------
+
+
+def reference(value, spatial_shapes, level_start_index, sampling_locations, attention_weights) -> Tensor:
+    """Multi-scale deformable attention from ``torch.nn.functional.grid_sample``, written from the definition
+    (Deformable DETR's ``ms_deform_attn_core_pytorch`` semantics): an independent check of the kernel, and the
+    baseline of the benchmarks. Differentiable through grid_sample."""
+    n, _, heads, channels = value.shape
+    _, queries, _, levels, points, _ = sampling_locations.shape
+    sizes = [(int(h), int(w)) for h, w in spatial_shapes.tolist()]
+    starts = [int(s) for s in level_start_index.tolist()]
+    grids = 2 * sampling_locations - 1
+    out = value.new_zeros(n * heads, channels, queries)
+    for level, (height, width) in enumerate(sizes):
+        v = value[:, starts[level] : starts[level] + height * width]  # [N, HW, M, D]
+        v = v.permute(0, 2, 3, 1).reshape(n * heads, channels, height, width)
+        grid = grids[:, :, :, level].permute(0, 2, 1, 3, 4).reshape(n * heads, queries, points, 2)
+        sampled = torch.nn.functional.grid_sample(v, grid, mode="bilinear", padding_mode="zeros",
+                                                  align_corners=False)  # [NM, D, Lq, P]  # fmt: skip
+        weight = attention_weights[:, :, :, level].permute(0, 2, 1, 3).reshape(n * heads, 1, queries, points)
+        out = out + (sampled * weight).sum(-1)
+    return out.view(n, heads * channels, queries).transpose(1, 2).contiguous()
+
+
+# --- ONNX ---------------------------------------------------------------------------------------------------------
+
+
+def _static_dims(b, value, locations) -> tuple[int, int, int, int]:
+    """(heads, channels, levels, points): the exported graph needs them static; batch, S and Lq may vary."""
+    v, loc = b.static_shape(value), b.static_shape(locations)
+    if v is None or loc is None or len(v) != 4 or len(loc) != 6 or None in (v[2], v[3], loc[3], loc[4]):
+        raise LoweringError(
+            "ms_deform_attn export: value [N, S, M, D] and sampling_locations [N, Lq, M, L, P, 2] need a known "
+            f"rank and static M, D, L and P; got shapes {v} and {loc}"
+        )
+    return v[2], v[3], loc[3], loc[4]
+
+
+def _custom(b, value, spatial_shapes, level_start_index, locations, weights):
+    heads, channels, _, _ = _static_dims(b, value, locations)
+    out = b.op("MultiScaleDeformableAttention", value, spatial_shapes, level_start_index, locations, weights,
+               domain=specs.CUSTOM_DOMAIN)  # fmt: skip
+    v, loc = b.static_shape(value), b.static_shape(locations)
+    b.set_type(out, value, [v[0], loc[1], heads * channels])
+    return out
+
+
+class _Graph:
+    """Helpers shared by the two standard lowerings."""
+
+    def __init__(self, b, value, locations):
+        self.b = b
+        self.like = value
+        self.heads, self.channels, self.levels, self.points = _static_dims(b, value, locations)
+        v_shape, loc_shape = b.op("Shape", value), b.op("Shape", locations)
+        self.n_1d = self.part(v_shape, 0)
+        self.s_1d = self.part(v_shape, 1)
+        self.lq_1d = self.part(loc_shape, 1)
+
+    def part(self, shape, index):  # one dim of a Shape output, as a 1-D int64 tensor
+        return self.b.op("Gather", shape, self.b.constant([index]), axis=0)
+
+    def shape(self, *parts):  # a Reshape target from ints and 1-D int64 tensors (no -1: empty batches stay valid)
+        b = self.b
+        return b.op("Concat", *(b.constant(list(p)) if isinstance(p, tuple) else p for p in parts), axis=0)
+
+    def const(self, value: float):
+        return self.b.constant_like(value, self.like)
+
+    def level(self, spatial_shapes, level_start_index, level: int):
+        """(H, W) as 1-D int64 tensors of one element, and the level's [start, end) in S."""
+        b = self.b
+        hw = b.op("Gather", spatial_shapes, b.constant(level), axis=0)  # [2]
+        height, width = self.part(hw, 0), self.part(hw, 1)
+        start = b.op("Gather", level_start_index, b.constant([level]), axis=0)
+        return height, width, start, b.op("Add", start, b.op("Mul", height, width))
+
+    def as_float(self, value):
+        b = self.b
+        return b.op("CastLike", value, self.like) if b.opset >= 15 else b.op("Cast", value, to=_onnx_dtype(b, self.like))
+
+    def reduce_sum(self, value, axis: int):
+        b = self.b
+        if b.opset >= 13:
+            return b.op("ReduceSum", value, b.constant([axis]), keepdims=0)
+        return b.op("ReduceSum", value, axes=[axis], keepdims=0)
+
+    def unsqueeze(self, value, axis: int):
+        b = self.b
+        return b.op("Unsqueeze", value, b.constant([axis])) if b.opset >= 13 else b.op("Unsqueeze", value, axes=[axis])
+
+
+def _onnx_dtype(b, like) -> int:
+    import onnx
+
+    return {torch.float32: onnx.TensorProto.FLOAT, torch.float64: onnx.TensorProto.DOUBLE}[b.dtype(like)]
+
+
+def _grid_sample(b, value, spatial_shapes, level_start_index, locations, weights):
+    """GridSample per level (opset >= 16), as Deformable DETR's pure-PyTorch path."""
+    g = _Graph(b, value, locations)
+    heads, channels, points = g.heads, g.channels, g.points
+    nm_1d = b.op("Mul", g.n_1d, b.constant([heads]))
+    # value [N, S, M, D] -> [N*M, D, S]; grids [N, Lq, M, L, P, 2] -> [N, M, L, Lq, P, 2] in [-1, 1]
+    planes = b.op("Reshape", b.op("Transpose", value, perm=[0, 2, 3, 1]), g.shape(nm_1d, (channels,), g.s_1d))
+    grids = b.op("Transpose", b.op("Sub", b.op("Mul", locations, g.const(2.0)), g.const(1.0)), perm=[0, 2, 3, 1, 4, 5])
+    attention = b.op("Transpose", weights, perm=[0, 2, 3, 1, 4])  # [N, M, L, Lq, P]
+    mode = "linear" if b.opset >= 20 else "bilinear"
+    out = None
+    for level in range(g.levels):
+        height, width, start, end = g.level(spatial_shapes, level_start_index, level)
+        plane = b.op("Slice", planes, start, end, b.constant([2]))
+        plane = b.op("Reshape", plane, g.shape(nm_1d, (channels,), height, width))
+        grid = b.op("Reshape", b.op("Gather", grids, b.constant(level), axis=2), g.shape(nm_1d, g.lq_1d, (points, 2)))
+        sampled = b.op("GridSample", plane, grid, align_corners=0, mode=mode, padding_mode="zeros")  # [NM, D, Lq, P]
+        weight = b.op("Reshape", b.op("Gather", attention, b.constant(level), axis=2),
+                      g.shape(nm_1d, (1,), g.lq_1d, (points,)))  # fmt: skip
+        term = g.reduce_sum(b.op("Mul", sampled, weight), 3)  # [NM, D, Lq]
+        out = term if out is None else b.op("Add", out, term)
+    out = b.op("Reshape", out, g.shape(g.n_1d, (heads * channels,), g.lq_1d))
+    return b.op("Transpose", out, perm=[0, 2, 1])
+
+
+def _gathered(b, value, spatial_shapes, level_start_index, locations, weights):
+    """Bilinear sampling from Gather (opset 11-15): per level, the map goes zero-padded (1 row/column before,
+    2 after) into rows of D channels, one per (pixel, head); positions clamped into [-1, H] x [-1, W] then read
+    padding only when outside (NaN counts as outside), so no validity masks are needed."""
+    g = _Graph(b, value, locations)
+    heads, channels = g.heads, g.channels
+    i64 = b.constant
+    # value [N, S, M, D] -> [N, S, M*D]
+    flat = b.op("Reshape", value, g.shape(g.n_1d, g.s_1d, (heads * channels,)))
+    batch = b.op("Reshape", g.n_1d, i64([]))
+    head_of_row = b.op("Reshape", i64(list(range(heads))), i64([heads, 1]))  # broadcasts over [N, Lq, M, P]
+    out = None
+    for level in range(g.levels):
+        height, width, start, end = g.level(spatial_shapes, level_start_index, level)
+        plane = b.op("Reshape", b.op("Slice", flat, start, end, i64([1])), g.shape(g.n_1d, height, width, (heads * channels,)))
+        pads = [0, 1, 1, 0, 0, 2, 2, 0]
+        plane = b.op("Pad", plane, i64(pads)) if b.opset >= 11 else b.op("Pad", plane, pads=pads)
+        rows = b.op("Reshape", plane, i64([-1, channels]))  # ((n * (H+3) + y) * (W+3) + x) * M + m
+        loc = b.op("Gather", locations, i64(level), axis=3)  # [N, Lq, M, P, 2]
+        size_w, size_h = g.as_float(width), g.as_float(height)
+
+        def position(axis, size):
+            p = b.op("Sub", b.op("Mul", b.op("Gather", loc, i64(axis), axis=4), size), g.const(0.5))
+            p = b.op("Where", b.op("IsNaN", p), g.const(-1.0), p)
+            if b.opset >= 12:
+                return b.op("Clip", p, g.const(-1.0), b.op("Reshape", size, i64([])))
+            return b.op("Max", b.op("Min", p, size), g.const(-1.0))
+
+        x, y = position(0, size_w), position(1, size_h)
+        x0, y0 = b.op("Floor", x), b.op("Floor", y)
+        lx, ly = b.op("Sub", x, x0), b.op("Sub", y, y0)
+        hx, hy = b.op("Sub", g.const(1.0), lx), b.op("Sub", g.const(1.0), ly)
+        attention = b.op("Gather", weights, i64(level), axis=3)  # [N, Lq, M, P]
+        hy, ly = b.op("Mul", hy, attention), b.op("Mul", ly, attention)
+        padded_w = b.op("Reshape", b.op("Add", width, i64([3])), i64([]))
+        padded_h = b.op("Reshape", b.op("Add", height, i64([3])), i64([]))
+        first = b.op("Reshape", b.op("Mul", b.iota(batch), padded_h), i64([-1, 1, 1, 1]))
+        iy = b.op("Cast", b.op("Add", y0, g.const(1.0)), to=7)  # INT64, in [0, H + 1]
+        ix = b.op("Cast", b.op("Add", x0, g.const(1.0)), to=7)
+        top_left = b.op("Add", b.op("Mul", b.op("Add", b.op("Mul", b.op("Add", first, iy), padded_w), ix), i64(heads)),
+                        head_of_row)  # fmt: skip
+        right, down = i64(heads), b.op("Mul", padded_w, i64(heads))
+        corners = ((top_left, hy, hx), (b.op("Add", top_left, right), hy, lx), (b.op("Add", top_left, down), ly, hx),
+                   (b.op("Add", b.op("Add", top_left, down), right), ly, lx))  # fmt: skip
+        terms = [b.op("Mul", b.op("Gather", rows, index, axis=0), g.unsqueeze(b.op("Mul", wy, wx), 4))
+                 for index, wy, wx in corners]  # fmt: skip  # each [N, Lq, M, P, D]
+        term = g.reduce_sum(b.op("Sum", *terms), 3)  # [N, Lq, M, D]
+        out = term if out is None else b.op("Add", out, term)
+    return b.op("Reshape", out, g.shape(g.n_1d, g.lq_1d, (heads * channels,)))
+
+
+_LOWERINGS = [
+    specs.Lowering("standard", _grid_sample, min_opset=16, note="GridSample per level"),
+    specs.Lowering("standard", _gathered, min_opset=11, max_opset=15, note="Gather bilinear decomposition"),
+    specs.Lowering("custom", _custom, min_opset=9, note="opbridge::MultiScaleDeformableAttention"),
+]
+
+
+# --- parity ---------------------------------------------------------------------------------------------------------
+
+#: (H, W) of the parity levels: a non-square map, a 1-pixel-wide one, and a 1x1.
+_LEVELS = [(6, 7), (3, 4), (2, 1), (1, 1)]
+_HEADS, _CHANNELS, _QUERIES, _POINTS = 2, 5, 7, 3
+
+
+class _OpModel(torch.nn.Module):
+    def forward(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+        return ms_deform_attn(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+
+
+class _FunctionModel(torch.nn.Module):
+    def forward(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+        return MSDeformAttnFunction.apply(value, spatial_shapes, level_start_index, sampling_locations,
+                                          attention_weights, 64)  # fmt: skip
+
+
+def sample_inputs(dtype: torch.dtype, batch: int, levels=_LEVELS, queries: int = _QUERIES, heads: int = _HEADS,
+                  channels: int = _CHANNELS, points: int = _POINTS, seed: int = 0) -> tuple[Tensor, ...]:  # fmt: skip
+    """Inputs of the op: locations spread a little beyond [0, 1] (some samples fall off the map)."""
+    generator = torch.Generator().manual_seed(seed + 1000 * batch)
+    shapes = torch.tensor(levels, dtype=torch.int64)
+    areas = shapes[:, 0] * shapes[:, 1]
+    starts = torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]])
+    keys = int(areas.sum())
+    value = torch.randn(batch, keys, heads, channels, generator=generator, dtype=torch.float64)
+    locations = torch.rand(batch, queries, heads, len(levels), points, 2, generator=generator, dtype=torch.float64)
+    locations = locations * 1.2 - 0.1
+    weights = torch.rand(batch, queries, heads, len(levels), points, generator=generator, dtype=torch.float64)
+    return value.to(dtype), shapes, starts, locations.to(dtype), weights.to(dtype)
+
+
+def _sample_inputs(dtype: torch.dtype, operands: str, batch: int):
+    return sample_inputs(dtype, batch)
+
+
+def _known_gaps(cell) -> str | None:
+    return None
+
+
+specs.register(
+    specs.OpSpec(
+        name="ms_deform_attn",
+        torch_op="opbridge::ms_deform_attn",
+        doc="multi-scale deformable attention (Deformable DETR)",
+        lowerings=_LOWERINGS,
+        custom_node=specs.CustomNode(
+            op_type="MultiScaleDeformableAttention",
+            inputs=("value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"),
+            outputs=("output",),
+            types=("tensor(float)", "tensor(double)"),
+            doc="Deformable DETR's multi-scale deformable attention: output [N, Lq, M * D].",
+            int64_inputs=("spatial_shapes", "level_start_index"),
+        ),
+        dtypes=(torch.float32, torch.float64),
+        call_paths={"torch.ops": _OpModel, "autograd.Function": _FunctionModel},
+        sample_inputs=_sample_inputs,
+        input_names=("value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"),
+        reference=reference,
+        known_gaps=_known_gaps,
+    )
+)
