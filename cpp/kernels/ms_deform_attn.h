@@ -91,8 +91,8 @@ inline Status check_ms_deform_attn(const MSDeformAttnNames& names, const std::ve
                   ", " + std::to_string(width) + ") must hold non-negative sizes (height, width) below 2^31");
     }
     if (start_data[l] != total) {
-      return fail(std::string(names.level_start_index) + "[" + std::to_string(l) + "] = " +
-                  std::to_string(start_data[l]) + " must be " + std::to_string(total) +
+      return fail(std::string(names.level_start_index) + "[" + std::to_string(l) +
+                  "] = " + std::to_string(start_data[l]) + " must be " + std::to_string(total) +
                   ", the sum of height * width of the levels before it (from " + names.spatial_shapes + ")");
     }
     total += height * width;
@@ -116,8 +116,8 @@ inline Status check_ms_deform_attn(const MSDeformAttnNames& names, const std::ve
 // The (up to) four corners of one bilinear sample that lie inside its level's map.
 template <class T>
 struct MSDeformAttnSample {
-  int64_t key[4];   // rows of the level in value (start + y * W + x)
-  T weight[4];      // bilinear weights
+  int64_t key[4];  // rows of the level in value (start + y * W + x)
+  T weight[4];     // bilinear weights
   bool inside[4];
   T high_y, low_y, high_x, low_x;  // 1 - ly, ly, 1 - lx, lx
   bool any = false;
@@ -196,9 +196,9 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
 // (queries, levels, points in turn): the same bits for the same inputs at any thread count.
 template <class T, class ParallelFor>
 void ms_deform_attn_backward(const T* grad_out, const T* value, const int64_t* spatial_shapes,
-                             const int64_t* level_start_index, const T* sampling_locations,
-                             const T* attention_weights, const MSDeformAttnShape& s, T* grad_value,
-                             T* grad_sampling_locations, T* grad_attention_weights, ParallelFor&& parallel_for) {
+                             const int64_t* level_start_index, const T* sampling_locations, const T* attention_weights,
+                             const MSDeformAttnShape& s, T* grad_value, T* grad_sampling_locations,
+                             T* grad_attention_weights, ParallelFor&& parallel_for) {
   const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
   parallel_for(s.batch * m_count, [&](int64_t task) {
     const int64_t n = task / m_count, m = task % m_count;

@@ -43,25 +43,29 @@ Inputs checked(const at::Tensor& value, const at::Tensor& spatial_shapes, const 
   const auto dtype = value.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
               "opbridge::ms_deform_attn: expected float32 or float64 tensors, got value of dtype ", dtype);
-  for (const auto& [name, tensor] : {std::pair{"sampling_locations", &sampling_locations},
-                                     std::pair{"attention_weights", &attention_weights}}) {
-    TORCH_CHECK(tensor->scalar_type() == dtype, "opbridge::ms_deform_attn: ", name,
-                " must have the dtype of value (", dtype, "), got ", tensor->scalar_type());
+  for (const auto& [name, tensor] :
+       {std::pair{"sampling_locations", &sampling_locations}, std::pair{"attention_weights", &attention_weights}}) {
+    TORCH_CHECK(tensor->scalar_type() == dtype, "opbridge::ms_deform_attn: ", name, " must have the dtype of value (",
+                dtype, "), got ", tensor->scalar_type());
   }
-  for (const auto& [name, tensor] : {std::pair{"value", &value}, std::pair{"spatial_shapes", &spatial_shapes},
-                                     std::pair{"level_start_index", &level_start_index},
-                                     std::pair{"sampling_locations", &sampling_locations},
-                                     std::pair{"attention_weights", &attention_weights}}) {
+  for (const auto& [name, tensor] :
+       {std::pair{"value", &value}, std::pair{"spatial_shapes", &spatial_shapes},
+        std::pair{"level_start_index", &level_start_index}, std::pair{"sampling_locations", &sampling_locations},
+        std::pair{"attention_weights", &attention_weights}}) {
     TORCH_CHECK(tensor->device().is_cpu(), "opbridge::ms_deform_attn: ", name, " must be on the CPU, got ",
                 tensor->device());
   }
-  for (const auto& [name, tensor] : {std::pair{"spatial_shapes", &spatial_shapes},
-                                     std::pair{"level_start_index", &level_start_index}}) {
-    TORCH_CHECK(at::isIntegralType(tensor->scalar_type(), /*includeBool=*/false), "opbridge::ms_deform_attn: ",
-                name, " must be an integer tensor (int64), got ", tensor->scalar_type());
+  for (const auto& [name, tensor] :
+       {std::pair{"spatial_shapes", &spatial_shapes}, std::pair{"level_start_index", &level_start_index}}) {
+    TORCH_CHECK(at::isIntegralType(tensor->scalar_type(), /*includeBool=*/false), "opbridge::ms_deform_attn: ", name,
+                " must be an integer tensor (int64), got ", tensor->scalar_type());
   }
-  Inputs in{value.contiguous(), spatial_shapes.to(at::kLong).contiguous(), level_start_index.to(at::kLong).contiguous(),
-            sampling_locations.contiguous(), attention_weights.contiguous(), {}};
+  Inputs in{value.contiguous(),
+            spatial_shapes.to(at::kLong).contiguous(),
+            level_start_index.to(at::kLong).contiguous(),
+            sampling_locations.contiguous(),
+            attention_weights.contiguous(),
+            {}};
   TORCH_CHECK(in.spatial_shapes.dim() == 2 && in.spatial_shapes.size(1) == 2 && in.spatial_shapes.size(0) >= 1 &&
                   in.level_start_index.dim() == 1 && in.level_start_index.size(0) == in.spatial_shapes.size(0),
               "opbridge::ms_deform_attn: spatial_shapes must have shape [levels, 2] (levels >= 1) and ",
@@ -88,11 +92,10 @@ at::Tensor ms_deform_attn_cpu(const at::Tensor& value, const at::Tensor& spatial
   auto out = at::empty({s.batch, s.queries, s.heads * s.channels}, value.options());
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES(value.scalar_type(), "opbridge::ms_deform_attn", [&] {
-    kernels::ms_deform_attn(in.value.const_data_ptr<scalar_t>(), in.spatial_shapes.const_data_ptr<int64_t>(),
-                            in.level_start_index.const_data_ptr<int64_t>(),
-                            in.sampling_locations.const_data_ptr<scalar_t>(),
-                            in.attention_weights.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), s,
-                            parallel_for);
+    kernels::ms_deform_attn(
+        in.value.const_data_ptr<scalar_t>(), in.spatial_shapes.const_data_ptr<int64_t>(),
+        in.level_start_index.const_data_ptr<int64_t>(), in.sampling_locations.const_data_ptr<scalar_t>(),
+        in.attention_weights.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), s, parallel_for);
   });
   return out;
 }

@@ -317,10 +317,13 @@ def _dce_exporter_model(module: torch.nn.Module, args: tuple, torchvision_op) ->
             return torchvision_op(x, offset, weight, bias, padding=(1, 1), mask=mask)
 
     buffer = io.BytesIO()
-    with contextlib.redirect_stdout(io.StringIO()), torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Torchvision(), args, buffer, opset_version=12, dynamo=False,
-                          input_names=["input", "offset", "mask"], output_names=["output"])  # fmt: skip
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Torchvision(), args, buffer, opset_version=12, dynamo=False,
+                              input_names=["input", "offset", "mask"], output_names=["output"])  # fmt: skip
+    finally:  # its symbolic (registered from opset 12 up) must not replace opbridge's in this process
+        torch.onnx.unregister_custom_op_symbolic("torchvision::deform_conv2d", 12)
     return onnx.load_from_string(buffer.getvalue())
 
 

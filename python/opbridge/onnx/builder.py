@@ -143,6 +143,15 @@ class DynamoBuilder:
         opset = self._standard if not domain else self._onnxscript.values.Opset(domain, CUSTOM_DOMAIN_VERSION)
         return getattr(opset, op_type)(*inputs, **attributes)
 
+    def dtype(self, value, what: str = "input") -> torch.dtype:
+        names = {"FLOAT": torch.float32, "DOUBLE": torch.float64, "FLOAT16": torch.float16, "BFLOAT16": torch.bfloat16}
+        element = getattr(value, "dtype", None)
+        if getattr(element, "name", None) not in names:
+            from ..specs import LoweringError
+
+            raise LoweringError(f"the ONNX export needs the dtype of {what}, but the exporter knows it as {element!r}")
+        return names[element.name]
+
     def constant_like(self, value: float, like):
         return self._standard.CastLike(self._standard.Constant(value_float=float(value)), like)
 

@@ -412,12 +412,12 @@ def _decomposed(b, x, weight, offset, bias, mask, a: Attributes):
         (b.op("Add", top_left, row_stride), ly, hx),
         (b.op("Add", b.op("Add", top_left, row_stride), right), ly, lx),
     )
+
     def last_axis(value):  # [N, P, G, K] -> [N, P, G, K, 1]
         return b.op("Unsqueeze", value, i64([4])) if b.opset >= 13 else b.op("Unsqueeze", value, axes=[4])
 
     terms = [
-        b.op("Mul", b.op("Gather", rows, index, axis=0), last_axis(b.op("Mul", wy, wx)))
-        for index, wy, wx in corners
+        b.op("Mul", b.op("Gather", rows, index, axis=0), last_axis(b.op("Mul", wy, wx))) for index, wy, wx in corners
     ]  # each [N, P, G, K, C/G]
     sampled = b.op("Sum", *terms)
     out_channels = a.out_channels
@@ -446,7 +446,9 @@ def _decomposed(b, x, weight, offset, bias, mask, a: Attributes):
                  perm=[0, 3, 2, 1]),
             i64([groups, taps * per_group, out_channels // groups]),
         )  # fmt: skip
-        product = b.op("Reshape", b.op("MatMul", columns, kernel), shape((groups,), n_1d, p_1d, (out_channels // groups,)))
+        product = b.op(
+            "Reshape", b.op("MatMul", columns, kernel), shape((groups,), n_1d, p_1d, (out_channels // groups,))
+        )
         out = b.op("Transpose", product, perm=[1, 0, 3, 2])  # [N, groups, Co/groups, P]
     out_shape = b.op(
         "Concat", b.op("Gather", offset_shape, i64([0]), axis=0), i64([out_channels]),

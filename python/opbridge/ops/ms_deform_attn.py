@@ -26,7 +26,7 @@ from .. import _checks, specs
 from ..specs import LoweringError
 
 #: Public names: ``opbridge.<name>``; ``NN_MODULES`` go to ``opbridge.nn``.
-__all__ = ["ms_deform_attn", "ms_deform_attn_level_table", "MSDeformAttnFunction"]
+__all__ = ["MSDeformAttnFunction", "ms_deform_attn", "ms_deform_attn_level_table"]
 NN_MODULES = ["MultiScaleDeformableAttention"]
 
 _OP = "opbridge.ms_deform_attn"
@@ -92,7 +92,9 @@ def _ms_deform_attn_fake(value, spatial_shapes, level_start_index, sampling_loca
     for name, tensor in (("sampling_locations", sampling_locations), ("attention_weights", attention_weights)):
         torch._check(
             tensor.dtype == value.dtype,
-            lambda name=name, tensor=tensor: f"{op}: {name} must have the dtype of value ({value.dtype}), got {tensor.dtype}",
+            lambda name=name, tensor=tensor: (
+                f"{op}: {name} must have the dtype of value ({value.dtype}), got {tensor.dtype}"
+            ),
         )
     torch._check(
         not spatial_shapes.dtype.is_floating_point and not level_start_index.dtype.is_floating_point,
@@ -101,8 +103,10 @@ def _ms_deform_attn_fake(value, spatial_shapes, level_start_index, sampling_loca
     n, _, heads, channels = value.shape
     torch._check(
         sampling_locations.shape[0] == n and sampling_locations.shape[2] == heads,
-        lambda: f"{op}: sampling_locations {tuple(sampling_locations.shape)} must match value's batch and heads "
-        f"{(n, heads)}",
+        lambda: (
+            f"{op}: sampling_locations {tuple(sampling_locations.shape)} must match value's batch and heads "
+            f"{(n, heads)}"
+        ),
     )
     return value.new_empty((n, sampling_locations.shape[1], heads * channels))
 
@@ -210,12 +214,21 @@ class MultiScaleDeformableAttention(torch.nn.Module):
         op = "opbridge.nn.MultiScaleDeformableAttention"
         embed_dims, num_heads, num_levels, num_points = (
             _checks.int_pair(op, name, (value, value), minimum=1)[0]
-            for name, value in (("embed_dims", embed_dims), ("num_heads", num_heads), ("num_levels", num_levels),
-                                ("num_points", num_points))  # fmt: skip
+            for name, value in (
+                ("embed_dims", embed_dims),
+                ("num_heads", num_heads),
+                ("num_levels", num_levels),
+                ("num_points", num_points),
+            )
         )
         if embed_dims % num_heads:
             raise ValueError(f"{op}: num_heads={num_heads} must divide embed_dims={embed_dims}")
-        self.embed_dims, self.num_heads, self.num_levels, self.num_points = embed_dims, num_heads, num_levels, num_points
+        self.embed_dims, self.num_heads, self.num_levels, self.num_points = (
+            embed_dims,
+            num_heads,
+            num_levels,
+            num_points,
+        )
         samples = num_heads * num_levels * num_points
         self.sampling_offsets = torch.nn.Linear(embed_dims, samples * 2)
         self.attention_weights = torch.nn.Linear(embed_dims, samples)
@@ -280,8 +293,24 @@ class MultiScaleDeformableAttention(torch.nn.Module):
 
 def ms_deform_attn_level_table(*features: Tensor) -> tuple[Tensor, Tensor]:
     """``(spatial_shapes, level_start_index)`` of feature maps ``[N, C, H_l, W_l]``, built with tensor ops from
-    their shapes, so that an exported model reads the image size at run time instead of baking it in."""
-    shapes = torch.stack([torch._shape_as_tensor(f)[-2:] for f in features]).to(torch.int64)
+    their shapes, so that an exported model reads the image size at run time instead of baking it in.
+
+    Raises:
+        TypeError: a feature map is not a tensor.
+        ValueError: no feature maps, or one that is not 4-D ``[N, C, H, W]``.
+    """
+    op = "opbridge.ms_deform_attn_level_table"
+    if not features:
+        raise ValueError(f"{op}: give the feature maps of the levels, [N, C, H, W] each")
+    for level, feature in enumerate(features):
+        _checks.tensor(op, f"features[{level}]", feature)
+        if feature.dim() != 4:
+            raise ValueError(f"{op}: features[{level}] must be 4-D [N, C, H, W], got shape {tuple(feature.shape)}")
+    if torch.jit.is_tracing():  # the TorchScript-based exporter: sizes as traced tensors
+        shapes = torch.stack([torch._shape_as_tensor(f)[-2:] for f in features]).to(torch.int64)
+    else:  # eager, torch.export (symbolic sizes become graph values), torch.compile
+        shapes = torch.stack([torch.scalar_tensor(size, dtype=torch.int64) for f in features for size in f.shape[-2:]])
+        shapes = shapes.view(len(features), 2)
     areas = shapes[:, 0] * shapes[:, 1]
     starts = torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]])
     return shapes, starts
@@ -295,7 +324,7 @@ def reference(value, spatial_shapes, level_start_index, sampling_locations, atte
     (Deformable DETR's ``ms_deform_attn_core_pytorch`` semantics): an independent check of the kernel, and the
     baseline of the benchmarks. Differentiable through grid_sample."""
     n, _, heads, channels = value.shape
-    _, queries, _, levels, points, _ = sampling_locations.shape
+    _, queries, _, _, points, _ = sampling_locations.shape
     sizes = [(int(h), int(w)) for h, w in spatial_shapes.tolist()]
     starts = [int(s) for s in level_start_index.tolist()]
     grids = 2 * sampling_locations - 1
@@ -366,7 +395,9 @@ class _Graph:
 
     def as_float(self, value):
         b = self.b
-        return b.op("CastLike", value, self.like) if b.opset >= 15 else b.op("Cast", value, to=_onnx_dtype(b, self.like))
+        return (
+            b.op("CastLike", value, self.like) if b.opset >= 15 else b.op("Cast", value, to=_onnx_dtype(b, self.like))
+        )
 
     def reduce_sum(self, value, axis: int):
         b = self.b
@@ -386,7 +417,10 @@ def _onnx_dtype(b, like) -> int:
 
 
 def _grid_sample(b, value, spatial_shapes, level_start_index, locations, weights):
-    """GridSample per level (opset >= 16), as Deformable DETR's pure-PyTorch path."""
+    """GridSample per level (opset >= 16), as Deformable DETR's pure-PyTorch path. float64 below opset 20 takes
+    the Gather decomposition instead: ONNX Runtime has no float64 kernel of GridSample-16."""
+    if b.opset < 20 and b.dtype(value, "value") == torch.float64:
+        return _gathered(b, value, spatial_shapes, level_start_index, locations, weights)
     g = _Graph(b, value, locations)
     heads, channels, points = g.heads, g.channels, g.points
     nm_1d = b.op("Mul", g.n_1d, b.constant([heads]))
@@ -424,14 +458,16 @@ def _gathered(b, value, spatial_shapes, level_start_index, locations, weights):
     out = None
     for level in range(g.levels):
         height, width, start, end = g.level(spatial_shapes, level_start_index, level)
-        plane = b.op("Reshape", b.op("Slice", flat, start, end, i64([1])), g.shape(g.n_1d, height, width, (heads * channels,)))
+        plane = b.op(
+            "Reshape", b.op("Slice", flat, start, end, i64([1])), g.shape(g.n_1d, height, width, (heads * channels,))
+        )
         pads = [0, 1, 1, 0, 0, 2, 2, 0]
         plane = b.op("Pad", plane, i64(pads)) if b.opset >= 11 else b.op("Pad", plane, pads=pads)
         rows = b.op("Reshape", plane, i64([-1, channels]))  # ((n * (H+3) + y) * (W+3) + x) * M + m
         loc = b.op("Gather", locations, i64(level), axis=3)  # [N, Lq, M, P, 2]
         size_w, size_h = g.as_float(width), g.as_float(height)
 
-        def position(axis, size):
+        def position(axis, size, loc=loc):
             p = b.op("Sub", b.op("Mul", b.op("Gather", loc, i64(axis), axis=4), size), g.const(0.5))
             p = b.op("Where", b.op("IsNaN", p), g.const(-1.0), p)
             if b.opset >= 12:
@@ -462,7 +498,7 @@ def _gathered(b, value, spatial_shapes, level_start_index, locations, weights):
 
 
 _LOWERINGS = [
-    specs.Lowering("standard", _grid_sample, min_opset=16, note="GridSample per level"),
+    specs.Lowering("standard", _grid_sample, min_opset=16, note="GridSample per level (float64 < opset 20: Gather)"),
     specs.Lowering("standard", _gathered, min_opset=11, max_opset=15, note="Gather bilinear decomposition"),
     specs.Lowering("custom", _custom, min_opset=9, note="opbridge::MultiScaleDeformableAttention"),
 ]
