@@ -3,8 +3,9 @@
     python tests/fuzz.py [--cases N] [--seed S] [--targets ...] [--library PATH] [--json FILE]
     python tests/fuzz.py --replay TARGET:SEED:CASE      # one case, in this process, printing it
 
-Targets: ``ort.MyAdd`` and ``ort.DeformConv2d`` (the ORT library, with onnxruntime, onnx and numpy only) and
-``torch.my_add`` and ``torch.deform_conv2d`` (``torch.ops.opbridge``, when torch and opbridge import).
+Targets: ``ort.MyAdd``, ``ort.DeformConv2d`` and ``ort.MultiScaleDeformableAttention`` (the ORT library, with
+onnxruntime, onnx and numpy only) and ``torch.my_add``, ``torch.deform_conv2d`` and ``torch.ms_deform_attn``
+(``torch.ops.opbridge``, when torch and opbridge import).
 Each case is generated from (seed, target, case number) alone, so any case can be replayed. A case mixes
 valid configurations with adversarial ones: attributes negative, zero, huge or of the wrong length, missing
 or extra; shapes mismatched, empty, huge or of rank 0 to 8; unsupported or mixed dtypes; missing, empty and
@@ -37,8 +38,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # the numpy reference lives in ort_cases/deform_conv2d.py
-ORT_TARGETS = ["ort.MyAdd", "ort.DeformConv2d"]
-TORCH_TARGETS = ["torch.my_add", "torch.deform_conv2d"]
+ORT_TARGETS = ["ort.MyAdd", "ort.DeformConv2d", "ort.MultiScaleDeformableAttention"]
+TORCH_TARGETS = ["torch.my_add", "torch.deform_conv2d", "torch.ms_deform_attn"]
 HUGE = [2**31 - 1, 2**31, 2**32 + 1, 2**62, 2**63 - 1]
 FLOAT_DTYPES = [np.float32, np.float64, np.float16]
 # Set by --no-huge-allocations: under AddressSanitizer a failing `operator new` (in the runtime, for an output
@@ -310,6 +311,103 @@ def close_values(got, want, dtype) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------
+# ms_deform_attn: configurations, validity, reference
+
+MSDA_NAMES = ["value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"]
+
+
+def msda_config(rng) -> dict:
+    """Usually a valid problem, then a few of: wrong sizes in the level table (negative, huge, not tiling S,
+    starts off by one), mismatched or wrong-rank shapes, empty dims, other dtypes, NaN/inf/far locations."""
+    levels = int(rng.integers(1, 4))
+    sizes = [[int(rng.integers(0, 5)), int(rng.integers(1, 6))] for _ in range(levels)]
+    batch, queries, heads = int(rng.integers(0, 3)), int(rng.integers(0, 5)), int(rng.integers(1, 3))
+    channels, points = int(rng.integers(0, 5)), int(rng.integers(1, 3))
+    cfg = {"sizes": sizes, "starts": None, "keys": None, "batch": batch, "queries": queries, "heads": heads,
+           "channels": channels, "points": points, "dtype": np.float32 if chance(rng, 0.6) else np.float64,
+           "index_dtype": np.int64, "special": chance(rng, 0.3), "far": chance(rng, 0.3), "shape_edits": [],
+           "inputs": list(MSDA_NAMES)}  # fmt: skip
+    if chance(rng, 0.15):
+        cfg["sizes"][int(rng.integers(0, levels))][int(rng.integers(0, 2))] = int(rng.choice([-1, -7] + HUGE))
+    if chance(rng, 0.1):
+        cfg["starts"] = "off"
+    if chance(rng, 0.1):
+        cfg["keys"] = int(rng.integers(0, 40))
+    if chance(rng, 0.15):  # one input's shape edited: (input index, dimension or None for rank, new size)
+        cfg["shape_edits"].append((int(rng.integers(0, 5)), int(rng.integers(-1, 6)), int(rng.integers(0, 4))))
+    if chance(rng, 0.05):
+        cfg["dtype"] = np.float16
+    if chance(rng, 0.05):
+        cfg["index_dtype"] = np.int32
+    if chance(rng, 0.05):
+        cfg["inputs"] = MSDA_NAMES[: int(rng.integers(0, 5))] if chance(rng, 0.5) else MSDA_NAMES + ["value"]
+    return cfg
+
+
+def msda_arrays(rng, cfg) -> dict | None:
+    sizes = np.array(cfg["sizes"], dtype=np.int64)
+    areas = [h * w if h >= 0 and w >= 0 and h < 2**31 and w < 2**31 else 0 for h, w in cfg["sizes"]]
+    starts = np.concatenate([[0], np.cumsum(areas)[:-1]]).astype(np.int64)
+    if cfg["starts"] == "off":
+        starts = starts + np.arange(len(starts))
+    keys = cfg["keys"] if cfg["keys"] is not None else int(sum(areas))
+    if keys > 2000:
+        return None
+    n, q, m, d, p, levels = cfg["batch"], cfg["queries"], cfg["heads"], cfg["channels"], cfg["points"], len(sizes)
+    shapes = [[n, keys, m, d], [levels, 2], [levels], [n, q, m, levels, p, 2], [n, q, m, levels, p]]
+    for index, dim, size in cfg["shape_edits"]:
+        if dim < 0 or dim >= len(shapes[index]):
+            shapes[index] = shapes[index][:-1] if shapes[index] else [size]  # the rank changes
+        else:
+            shapes[index][dim] = size
+    if any(math.prod(s) > 50000 for s in shapes):
+        return None
+    locations = rng.random(shapes[3]) * 1.4 - 0.2
+    if cfg["far"] and locations.size:
+        flat = locations.reshape(-1)
+        picks = rng.integers(0, flat.size, size=max(1, flat.size // 5))
+        flat[picks] = rng.choice([np.nan, np.inf, -np.inf, 1e30, -1e30, 3.0, -2.0], size=picks.size)
+    with np.errstate(over="ignore", invalid="ignore"):
+        arrays = {
+            "value": random_values(rng, shapes[0], cfg["dtype"], cfg["special"]),
+            "spatial_shapes": np.resize(sizes, shapes[1]).astype(cfg["index_dtype"]),
+            "level_start_index": np.resize(starts, shapes[2]).astype(cfg["index_dtype"]),
+            "sampling_locations": locations.astype(cfg["dtype"]),
+            "attention_weights": random_values(rng, shapes[4], cfg["dtype"], cfg["special"]),
+        }
+    return arrays
+
+
+def msda_valid(cfg, arrays, allow_float16=False) -> bool:
+    """Written from the op's definition: what a correct implementation must accept."""
+    if cfg["inputs"] != MSDA_NAMES or cfg["index_dtype"] != np.int64:
+        return False
+    if cfg["dtype"] == np.float16 and not allow_float16:
+        return False
+    v, sizes, starts, loc, attn = (arrays[n] for n in MSDA_NAMES)
+    if v.ndim != 4 or sizes.ndim != 2 or sizes.shape[1] != 2 or sizes.shape[0] < 1 or starts.shape != sizes.shape[:1]:
+        return False
+    n, keys, m, _ = v.shape
+    if loc.ndim != 6 or loc.shape[0] != n or loc.shape[2] != m or loc.shape[3] != sizes.shape[0] or loc.shape[5] != 2:
+        return False
+    if attn.shape != loc.shape[:5]:
+        return False
+    total = 0
+    for (h, w), start in zip(sizes.tolist(), starts.tolist(), strict=True):
+        if h < 0 or w < 0 or h >= 2**31 or w >= 2**31 or start != total:
+            return False
+        total += h * w
+    return total == keys
+
+
+def msda_reference(arrays):
+    from ort_cases.multi_scale_deformable_attention import ms_deform_attn_reference
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        return ms_deform_attn_reference(*(arrays[n] for n in MSDA_NAMES))
+
+
+# ---------------------------------------------------------------------------------------------------
 # Targets: each returns (outcome, detail)
 
 
@@ -407,6 +505,33 @@ class OrtTargets:
             else ("mismatch", f"max error {np.nanmax(np.abs(out - want)) if out.shape == want.shape else 'shape'}")
         )
 
+    def ms_deform_attn(self, rng, cfg):
+        from onnx import helper
+
+        elem = {np.float32: 1, np.float64: 11, np.float16: 10, np.int32: 6, np.int64: 7}
+        arrays = msda_arrays(rng, cfg)
+        if arrays is None:
+            return "rejected", "skipped: shapes too large to feed"
+        names = cfg["inputs"]
+        node = helper.make_node("MultiScaleDeformableAttention", names, ["out"], domain="opbridge")
+        inputs = [helper.make_tensor_value_info(n, elem[arrays[n].dtype.type], None) for n in dict.fromkeys(names)]
+        graph = helper.make_graph(
+            [node], "fuzz", inputs, [helper.make_tensor_value_info("out", elem[cfg["dtype"]], None)]
+        )
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("opbridge", 1)]
+        )
+        model.ir_version = 8
+        try:
+            session = self._session(model)
+            (out,) = session.run(None, {n: arrays[n] for n in dict.fromkeys(names)})
+        except Exception as error:
+            return "rejected", str(error)[:200]
+        if not msda_valid(cfg, arrays):
+            return "mismatch", "an invalid configuration was accepted"
+        want = msda_reference(arrays)
+        return ("match", "") if close_values(out, want, cfg["dtype"]) else ("mismatch", "values differ")
+
 
 def to_torch(array):
     """A tensor of the array's exact shape (np.ascontiguousarray would turn a 0-d array into shape (1,))."""
@@ -484,6 +609,22 @@ class TorchTargets:
         want = deform_reference(feeds, inferred)
         return ("match", "") if close_values(out.numpy(), want, cfg["dtype"]) else ("mismatch", "values differ")
 
+    def ms_deform_attn(self, rng, cfg):
+        arrays = msda_arrays(rng, cfg)
+        if arrays is None:
+            return "rejected", "skipped: shapes too large to allocate"
+        t = {k: to_torch(v) for k, v in arrays.items()}
+        args = [t[n] for n in cfg["inputs"]]
+        try:
+            out = self.torch.ops.opbridge.ms_deform_attn(*args)
+        except Exception as error:
+            return "rejected", str(error)[:200]
+        # The torch op takes the level table in any integer dtype.
+        if not msda_valid(dict(cfg, index_dtype=np.int64), arrays):
+            return "mismatch", "an invalid configuration was accepted"
+        want = msda_reference(arrays)
+        return ("match", "") if close_values(out.numpy(), want, cfg["dtype"]) else ("mismatch", "values differ")
+
 
 def run_case(targets, target: str, seed: int, case: int):
     rng = case_rng(seed, target, case)
@@ -491,6 +632,9 @@ def run_case(targets, target: str, seed: int, case: int):
     if op == "MyAdd" or op == "my_add":
         cfg = my_add_config(rng)
         return cfg, (targets.my_add(rng, cfg))
+    if op == "MultiScaleDeformableAttention" or op == "ms_deform_attn":
+        cfg = msda_config(rng)
+        return cfg, targets.ms_deform_attn(rng, cfg)
     cfg = deform_config(rng, symmetric_pads=(kind == "torch"))
     return cfg, targets.deform_conv2d(rng, cfg)
 
