@@ -328,7 +328,7 @@ def msda_config(rng) -> dict:
            "index_dtype": np.int64, "special": chance(rng, 0.3), "far": chance(rng, 0.3), "shape_edits": [],
            "inputs": list(MSDA_NAMES)}  # fmt: skip
     if chance(rng, 0.15):
-        cfg["sizes"][int(rng.integers(0, levels))][int(rng.integers(0, 2))] = int(rng.choice([-1, -7] + HUGE))
+        cfg["sizes"][int(rng.integers(0, levels))][int(rng.integers(0, 2))] = int(rng.choice([-1, -7, *HUGE]))
     if chance(rng, 0.1):
         cfg["starts"] = "off"
     if chance(rng, 0.1):
@@ -340,7 +340,7 @@ def msda_config(rng) -> dict:
     if chance(rng, 0.05):
         cfg["index_dtype"] = np.int32
     if chance(rng, 0.05):
-        cfg["inputs"] = MSDA_NAMES[: int(rng.integers(0, 5))] if chance(rng, 0.5) else MSDA_NAMES + ["value"]
+        cfg["inputs"] = MSDA_NAMES[: int(rng.integers(0, 5))] if chance(rng, 0.5) else [*MSDA_NAMES, "value"]
     return cfg
 
 

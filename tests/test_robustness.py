@@ -142,7 +142,12 @@ def test_short_fuzz_pass(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads(report.read_text())["results"]
-    assert {r["target"] for r in results} == {"ort.MyAdd", "ort.DeformConv2d", "torch.my_add", "torch.deform_conv2d"}
+    import fuzz
+    import opbridge_ort
+
+    assert {r["target"] for r in results} == set(fuzz.ORT_TARGETS + fuzz.TORCH_TARGETS)
+    # Every op of the ORT library has a fuzz target.
+    assert {t.split(".")[1] for t in fuzz.ORT_TARGETS} == set(opbridge_ort.ops())
     for r in results:
         # Both outcomes occur: the generator reaches valid configurations and hostile ones.
         assert r["counts"].get("match", 0) > 30 and r["counts"].get("rejected", 0) > 30, r

@@ -128,21 +128,29 @@ inline MSDeformAttnSample<T> ms_deform_attn_sample(T loc_x, T loc_y, int64_t hei
   MSDeformAttnSample<T> s;
   const T x = loc_x * static_cast<T>(width) - T(0.5), y = loc_y * static_cast<T>(height) - T(0.5);
   if (!(x > T(-1) && y > T(-1) && x < static_cast<T>(width) && y < static_cast<T>(height))) return s;  // NaN: out
-  const T fx = std::floor(x), fy = std::floor(y);
-  const int64_t x0 = static_cast<int64_t>(fx), y0 = static_cast<int64_t>(fy);
-  s.low_x = x - fx;
-  s.low_y = y - fy;
+  // floor(x) for x > -1: truncate x + 1 (cheaper than std::floor), corrected where x + 1 rounded up.
+  int64_t x0 = static_cast<int64_t>(x + T(1)) - 1, y0 = static_cast<int64_t>(y + T(1)) - 1;
+  x0 -= static_cast<T>(x0) > x;
+  y0 -= static_cast<T>(y0) > y;
+  s.low_x = x - static_cast<T>(x0);
+  s.low_y = y - static_cast<T>(y0);
   s.high_x = T(1) - s.low_x;
   s.high_y = T(1) - s.low_y;
-  const int64_t ys[2] = {y0, y0 + 1}, xs[2] = {x0, x0 + 1};
-  const T wy[2] = {s.high_y, s.low_y}, wx[2] = {s.high_x, s.low_x};
-  for (int c = 0; c < 4; ++c) {
-    const int64_t yy = ys[c >> 1], xx = xs[c & 1];
-    s.inside[c] = yy >= 0 && yy < height && xx >= 0 && xx < width;
-    s.key[c] = s.inside[c] ? start + yy * width + xx : 0;
-    s.weight[c] = s.inside[c] ? wy[c >> 1] * wx[c & 1] : T(0);
-    s.any = s.any || s.inside[c];
-  }
+  const bool top = y0 >= 0, bottom = y0 + 1 < height, left = x0 >= 0, right = x0 + 1 < width;
+  s.inside[0] = top && left;
+  s.inside[1] = top && right;
+  s.inside[2] = bottom && left;
+  s.inside[3] = bottom && right;
+  const int64_t base = start + y0 * width + x0;  // keys of corners outside the map are never read
+  s.key[0] = base;
+  s.key[1] = base + 1;
+  s.key[2] = base + width;
+  s.key[3] = base + width + 1;
+  s.weight[0] = s.inside[0] ? s.high_y * s.high_x : T(0);
+  s.weight[1] = s.inside[1] ? s.high_y * s.low_x : T(0);
+  s.weight[2] = s.inside[2] ? s.low_y * s.high_x : T(0);
+  s.weight[3] = s.inside[3] ? s.low_y * s.low_x : T(0);
+  s.any = true;  // inside (-1, W) x (-1, H) at least one corner is on the map
   return s;
 }
 
@@ -154,6 +162,10 @@ inline int64_t ms_deform_attn_block_queries(const MSDeformAttnShape& s) {
 
 // out [N, Lq, M * D]. spatial_shapes and level_start_index as checked by check_ms_deform_attn.
 // parallel_for(tasks, task) runs task(0..tasks-1), in any order and on any threads.
+//
+// Per (query, head) the channels accumulate in a buffer of the task's; each sample adds its four
+// corners in one pass over the channels (a corner outside the map reads a row of zeros with weight 0),
+// which the compiler vectorizes: no branch and no aliasing inside the channel loop.
 template <class T, class ParallelFor>
 void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
                     const T* sampling_locations, const T* attention_weights, T* out, const MSDeformAttnShape& s,
@@ -161,12 +173,14 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
   const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
   const int64_t block = ms_deform_attn_block_queries(s);
   const int64_t blocks = (s.queries + block - 1) / block;
+  const std::vector<T> zeros(static_cast<size_t>(d), T(0));
   parallel_for(s.batch * blocks, [&](int64_t task) {
     const int64_t n = task / blocks, first = task % blocks * block, last = std::min(s.queries, first + block);
     const T* value_n = value + n * s.keys * m_count * d;
+    std::vector<T> buffer(static_cast<size_t>(d));
+    T* __restrict acc = buffer.data();
     for (int64_t q = first; q < last; ++q) {
       for (int64_t m = 0; m < m_count; ++m) {
-        T* acc = out + ((n * s.queries + q) * m_count + m) * d;
         std::fill(acc, acc + d, T(0));
         const int64_t row = (n * s.queries + q) * m_count + m;
         const T* loc = sampling_locations + row * lp * 2;
@@ -177,14 +191,20 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
             const int64_t i = l * s.points + p;
             const auto sample = ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], height, width, level_start_index[l]);
             if (!sample.any) continue;
+            const T* r[4];
+            T w[4];
             for (int c = 0; c < 4; ++c) {
-              if (!sample.inside[c]) continue;
-              const T w = attn[i] * sample.weight[c];
-              const T* v = value_n + (sample.key[c] * m_count + m) * d;
-              for (int64_t k = 0; k < d; ++k) acc[k] += w * v[k];
+              r[c] = sample.inside[c] ? value_n + (sample.key[c] * m_count + m) * d : zeros.data();
+              w[c] = sample.inside[c] ? attn[i] * sample.weight[c] : T(0);  // an infinite weight times 0: NaN
             }
+            const T* __restrict r0 = r[0];
+            const T* __restrict r1 = r[1];
+            const T* __restrict r2 = r[2];
+            const T* __restrict r3 = r[3];
+            for (int64_t k = 0; k < d; ++k) acc[k] += w[0] * r0[k] + w[1] * r1[k] + w[2] * r2[k] + w[3] * r3[k];
           }
         }
+        std::copy(acc, acc + d, out + row * d);
       }
     }
   });
@@ -200,13 +220,17 @@ void ms_deform_attn_backward(const T* grad_out, const T* value, const int64_t* s
                              const MSDeformAttnShape& s, T* grad_value, T* grad_sampling_locations,
                              T* grad_attention_weights, ParallelFor&& parallel_for) {
   const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
+  const std::vector<T> zeros(static_cast<size_t>(d), T(0));
   parallel_for(s.batch * m_count, [&](int64_t task) {
     const int64_t n = task / m_count, m = task % m_count;
     const T* value_n = value + n * s.keys * m_count * d;
     T* grad_value_n = grad_value + n * s.keys * m_count * d;
+    // Rows a corner outside the map writes to and never reads back: one per corner, so the four rows of a
+    // sample never alias.
+    std::vector<T> scratch(static_cast<size_t>(4 * d));
     for (int64_t q = 0; q < s.queries; ++q) {
       const int64_t row = (n * s.queries + q) * m_count + m;
-      const T* g = grad_out + row * d;
+      const T* __restrict g = grad_out + row * d;
       const T* loc = sampling_locations + row * lp * 2;
       const T* attn = attention_weights + row * lp;
       T* grad_loc = grad_sampling_locations + row * lp * 2;
@@ -218,28 +242,51 @@ void ms_deform_attn_backward(const T* grad_out, const T* value, const int64_t* s
           const auto sample = ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], height, width, level_start_index[l]);
           grad_loc[2 * i] = grad_loc[2 * i + 1] = grad_attn[i] = T(0);
           if (!sample.any) continue;
-          // g . v_c for the four corners (zero outside the map) give every gradient but value's.
-          T dots[4] = {T(0), T(0), T(0), T(0)};
+          const T* r[4];
+          T* gr[4];
           for (int c = 0; c < 4; ++c) {
-            if (!sample.inside[c]) continue;
-            const T* v = value_n + (sample.key[c] * m_count + m) * d;
-            T dot = T(0);
-            for (int64_t k = 0; k < d; ++k) dot += g[k] * v[k];
-            dots[c] = dot;
+            const int64_t offset = (sample.key[c] * m_count + m) * d;
+            r[c] = sample.inside[c] ? value_n + offset : zeros.data();
+            gr[c] = sample.inside[c] ? grad_value_n + offset : scratch.data() + c * d;
           }
+          // g . v_c for the four corners (zero outside the map) give every gradient but value's.
+          T dot0 = T(0), dot1 = T(0), dot2 = T(0), dot3 = T(0);
+          {
+            const T* __restrict r0 = r[0];
+            const T* __restrict r1 = r[1];
+            const T* __restrict r2 = r[2];
+            const T* __restrict r3 = r[3];
+            for (int64_t k = 0; k < d; ++k) {
+              dot0 += g[k] * r0[k];
+              dot1 += g[k] * r1[k];
+              dot2 += g[k] * r2[k];
+              dot3 += g[k] * r3[k];
+            }
+          }
+          // Corners off the map read zeros; an infinite gradient times those zeros would be NaN.
+          dot0 = sample.inside[0] ? dot0 : T(0);
+          dot1 = sample.inside[1] ? dot1 : T(0);
+          dot2 = sample.inside[2] ? dot2 : T(0);
+          dot3 = sample.inside[3] ? dot3 : T(0);
           const T a = attn[i];
-          grad_attn[i] = sample.weight[0] * dots[0] + sample.weight[1] * dots[1] + sample.weight[2] * dots[2] +
-                         sample.weight[3] * dots[3];
+          grad_attn[i] =
+              sample.weight[0] * dot0 + sample.weight[1] * dot1 + sample.weight[2] * dot2 + sample.weight[3] * dot3;
           // d(sample)/dx = hy * (v01 - v00) + ly * (v11 - v10); x = loc_x * W - 0.5.
-          const T dx = sample.high_y * (dots[1] - dots[0]) + sample.low_y * (dots[3] - dots[2]);
-          const T dy = sample.high_x * (dots[2] - dots[0]) + sample.low_x * (dots[3] - dots[1]);
+          const T dx = sample.high_y * (dot1 - dot0) + sample.low_y * (dot3 - dot2);
+          const T dy = sample.high_x * (dot2 - dot0) + sample.low_x * (dot3 - dot1);
           grad_loc[2 * i] = a * dx * static_cast<T>(width);
           grad_loc[2 * i + 1] = a * dy * static_cast<T>(height);
-          for (int c = 0; c < 4; ++c) {
-            if (!sample.inside[c]) continue;
-            const T w = a * sample.weight[c];
-            T* gv = grad_value_n + (sample.key[c] * m_count + m) * d;
-            for (int64_t k = 0; k < d; ++k) gv[k] += w * g[k];
+          const T w0 = a * sample.weight[0], w1 = a * sample.weight[1], w2 = a * sample.weight[2],
+                  w3 = a * sample.weight[3];
+          T* __restrict g0 = gr[0];
+          T* __restrict g1 = gr[1];
+          T* __restrict g2 = gr[2];
+          T* __restrict g3 = gr[3];
+          for (int64_t k = 0; k < d; ++k) {
+            g0[k] += w0 * g[k];
+            g1[k] += w1 * g[k];
+            g2[k] += w2 * g[k];
+            g3[k] += w3 * g[k];
           }
         }
       }

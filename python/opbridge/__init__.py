@@ -67,9 +67,17 @@ def _is_own_command_line() -> bool:
     return os.path.basename(getattr(main, "__file__", "") or "") == "opbridge"  # the console script
 
 
+def _is_submodule(name: str) -> bool:
+    import pkgutil
+
+    return any(module.name == name for module in pkgutil.iter_modules(__path__))
+
+
 def __getattr__(name: str):
     # Under opbridge's own command line the load is deferred: the first attribute a command uses loads it.
-    if not _loaded and not _loading and not name.startswith("__"):
+    # Not a submodule's name: `from opbridge import specs` probes the attribute before importing the submodule,
+    # and a load started by that probe, in the middle of importing an op's module, would miss that op's names.
+    if not _loaded and not _loading and not name.startswith("__") and not _is_submodule(name):
         _load()
         if name in globals():
             return globals()[name]

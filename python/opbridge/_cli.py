@@ -10,7 +10,7 @@ from pathlib import Path
 #: Kept equal to opbridge.specs.LOWERING_KINDS and opbridge.parity.EXPORTERS (tests/test_contract.py checks).
 LOWERING_KINDS = ("standard", "custom", "function")
 EXPORTERS = ("legacy", "dynamo")
-BENCH_OPS = ("my_add", "deform_conv2d", "framework")
+BENCH_OPS = ("my_add", "deform_conv2d", "ms_deform_attn", "framework")
 
 COMMANDS = {
     "parity": "the parity matrix: ONNX Runtime vs PyTorch for every op, call path, exporter, lowering, opset, dtype",

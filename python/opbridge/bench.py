@@ -17,6 +17,13 @@ deform_conv2d (float32, 3x3, with mask):
     ``gemm``        the GEMMs of the same sizes alone (OpenBLAS, its own threads),
     ``torch_op``    ``opbridge.deform_conv2d``; ``torch_torchvision``: torchvision's CPU kernel.
 
+ms_deform_attn (float32; Deformable DETR's encoder self-attention: every pixel of every level queries, d_model
+256 = 8 heads x 32 channels, 4 levels, 4 points; an 800x1333 and a 512x512 image at strides 8-64):
+    ``ort_custom``  ORT ``opbridge::MultiScaleDeformableAttention``; ``ort_standard``: the GridSample lowering,
+    ``torch_op``    ``opbridge.ms_deform_attn``; ``torch_reference``: the grid_sample reference
+                    (Deformable DETR's pure-PyTorch path), ``torch_backward`` / ``torch_reference_backward``:
+                    the gradients of value, sampling_locations and attention_weights through each.
+
 ORT sessions run with ``intra_op_num_threads`` = threads and IO binding (inputs
 and the output preallocated, so no copies are timed); torch runs with
 ``torch.set_num_threads`` and allocates its output in every call, as users do.
@@ -184,6 +191,48 @@ class Bench:
             self.record("my_add", case, threads, "torch_op", torch_op)
             self.record("my_add", case, threads, "torch_eager", torch_eager)
 
+    # ms_deform_attn ----------------------------------------------------------------------------------
+    def ms_deform_attn(self) -> None:
+        from .ops.ms_deform_attn import _OpModel, reference
+
+        for case, levels in MSDA_CASES.items():
+            inputs = _msda_inputs(levels)
+            want = opbridge.ms_deform_attn(*inputs).numpy()
+            torch.testing.assert_close(torch.from_numpy(want), reference(*inputs), rtol=1e-4, atol=1e-4)
+            names = ["value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"]
+            models = {}
+            for path, lowering in (("ort_custom", "custom"), ("ort_standard", "standard")):
+                with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    models[path] = opbridge.onnx.export(_OpModel(), inputs, opset_version=17, dynamo=False,
+                                                        lowering=lowering, input_names=names)  # fmt: skip
+            feeds = {n: t.numpy() for n, t in zip(names, inputs, strict=True)}
+            leaves = [t.detach().clone().requires_grad_(t.dtype.is_floating_point) for t in inputs]
+            wrt = [leaves[0], leaves[3], leaves[4]]
+            grad = torch.ones_like(torch.from_numpy(want))
+
+            def backward_of(op, leaves=leaves, wrt=wrt, grad=grad):
+                out = op(*leaves)
+                return lambda: torch.autograd.grad(out, wrt, grad, retain_graph=True)
+
+            record = partial(self.record, "ms_deform_attn", case)
+            for threads in self.threads:
+                torch.set_num_threads(threads)
+                for path, model in models.items():
+                    session = ort_session(model, threads, path == "ort_custom")
+                    out = np.empty(want.shape, dtype=np.float32)
+                    run = bound_run(session, feeds, out)
+                    run()
+                    _check(path, out, want, 1e-4, 1e-4)
+                    record(threads, path, run)
+                record(threads, "torch_op", partial(opbridge.ms_deform_attn, *inputs))
+                record(threads, "torch_reference", partial(reference, *inputs))
+                ours, theirs = backward_of(opbridge.ms_deform_attn), backward_of(reference)
+                for a, b in zip(ours(), theirs(), strict=True):  # float32 sums of thousands of terms
+                    _check("torch_backward", a.numpy(), b.numpy(), 1e-3, 1e-4 * float(b.abs().max()))
+                record(threads, "torch_backward", ours)
+                record(threads, "torch_reference_backward", theirs)
+
     # deform_conv2d -----------------------------------------------------------------------------------
     def deform_conv2d(self) -> None:
         torchvision_op = _torchvision_deform_conv2d()
@@ -283,6 +332,40 @@ def _elementwise_model(custom: bool) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "my_add", inputs, [output], initializers)
     opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("opbridge", 1)] if custom else [])
     return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+#: The encoder's feature maps (H, W) at strides 8, 16, 32, 64.
+MSDA_CASES = {
+    "800x1333 enc": [(100, 167), (50, 84), (25, 42), (13, 21)],
+    "512x512 enc": [(64, 64), (32, 32), (16, 16), (8, 8)],
+}
+MSDA_HEADS, MSDA_CHANNELS, MSDA_POINTS = 8, 32, 4
+
+
+def _msda_inputs(levels) -> tuple[torch.Tensor, ...]:
+    """Encoder self-attention inputs: every pixel queries around its own centre (offsets of a few pixels), as a
+    trained Deformable DETR does; softmax-normalized attention weights."""
+    from .ops.ms_deform_attn import sample_inputs
+
+    generator = torch.Generator().manual_seed(0)
+    value, shapes, starts, _, _ = sample_inputs(torch.float32, 1, levels, 1, MSDA_HEADS, MSDA_CHANNELS, MSDA_POINTS)
+    centres = []
+    for height, width in levels:
+        y, x = torch.meshgrid((torch.arange(height) + 0.5) / height, (torch.arange(width) + 0.5) / width,
+                              indexing="ij")  # fmt: skip
+        centres.append(torch.stack([x.flatten(), y.flatten()], -1))
+    queries = torch.cat(centres)  # [Lq, 2]
+    count = queries.shape[0]
+    spread = 2.0 / torch.tensor([[w, h] for h, w in levels], dtype=torch.float32)  # ~2 pixels of each level
+    offsets = torch.randn(1, count, MSDA_HEADS, len(levels), MSDA_POINTS, 2, generator=generator)
+    locations = queries[None, :, None, None, None, :] + offsets * spread[None, None, None, :, None, :]
+    weights = torch.randn(1, count, MSDA_HEADS, len(levels) * MSDA_POINTS, generator=generator).softmax(-1)
+    return value, shapes, starts, locations.contiguous(), weights.view(1, count, MSDA_HEADS, len(levels), -1)
+
+
+def msda_gathered_bytes(levels) -> int:
+    """Bytes of value one forward reads per query: heads x levels x points x 4 corners x channels x 4 bytes."""
+    return MSDA_HEADS * len(levels) * MSDA_POINTS * 4 * MSDA_CHANNELS * 4
 
 
 def _export(module: torch.nn.Module, args: tuple, opset: int, lowering: str, dynamic: bool = False) -> onnx.ModelProto:
@@ -392,6 +475,9 @@ TARGETS = [
     ("deform_conv2d", "ort_custom", "gemm", 0.5, None),
     ("deform_conv2d", "torch_op", "torch_torchvision", 3.0, None),
     ("deform_conv2d", "torch_backward", "torchvision_backward", 3.0, None),
+    ("ms_deform_attn", "ort_custom", "ort_standard", 10.0, None),
+    ("ms_deform_attn", "torch_op", "torch_reference", 5.0, None),
+    ("ms_deform_attn", "torch_backward", "torch_reference_backward", 3.0, None),
     ("framework", "export_cached", "export_uncached", 2.0, None),
 ]
 
@@ -470,7 +556,7 @@ def markdown(rows: list[Row], summary: list[dict], environment: dict, parity_rep
         "there: [architecture.md](architecture.md#performance).",
         "",
     ]
-    for op in ("my_add", "deform_conv2d", "framework"):
+    for op in ("my_add", "deform_conv2d", "ms_deform_attn", "framework"):
         op_rows = [r for r in rows if r.op == op]
         if not op_rows:
             continue
@@ -493,6 +579,8 @@ def markdown(rows: list[Row], summary: list[dict], environment: dict, parity_rep
             lines.append(f"| {item['case']} | {item['threads']} | {item['path']} | {item['baseline']} | {ratio} | "
                          f"{target} | {met} |")  # fmt: skip
         notes = sorted({f"{r.path}: {r.note}" for r in op_rows if r.note.startswith("n/a")})
+        if op == "ms_deform_attn":
+            notes += msda_limit_notes(rows)
         if op == "framework":
             added = import_added_ms(rows)
             if added is not None:
@@ -502,6 +590,23 @@ def markdown(rows: list[Row], summary: list[dict], environment: dict, parity_rep
         lines += [""] + [f"- {note}" for note in notes] + ([""] if notes else [])
     lines += parity_section(parity_report)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def msda_limit_notes(rows: list[Row]) -> list[str]:
+    """The forward's rate of gathered value bytes (GB/s) against the triad's memory bandwidth of the same run."""
+    triad = {r.threads: r for r in rows if r.op == "my_add" and r.path == "triad" and r.case == "64 Mi"}
+    notes = []
+    for r in rows:
+        if r.op != "ms_deform_attn" or r.path not in ("ort_custom", "torch_op") or not r.median_ms:
+            continue
+        levels = MSDA_CASES[r.case]
+        queries = sum(h * w for h, w in levels)
+        rate = queries * msda_gathered_bytes(levels) / (r.median_ms / 1000) / 1e9
+        bound = triad.get(r.threads)
+        triad_rate = 3 * 64 * MEBI * 4 / (bound.median_ms / 1000) / 1e9 if bound and bound.median_ms else None
+        versus = f" (triad: {triad_rate:.1f} GB/s)" if triad_rate else ""
+        notes.append(f"{r.case}, {r.threads}t, {r.path}: {rate:.1f} GB/s of value gathered{versus}")
+    return notes
 
 
 def import_added_ms(rows: list[Row]) -> float | None:
@@ -543,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     from ._cli import bench_parser
 
     args = bench_parser().parse_args(argv)
+    opbridge._load()  # deferred under `python -m opbridge`; the op modules imported below need it done
 
     bench = Bench(args.threads, args.warmup, args.repeat, args.triad_library)
     environment = {
