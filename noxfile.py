@@ -106,6 +106,8 @@ def ort_versions(session: nox.Session, onnxruntime: str | None) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks against baselines measured in the same run: reports/bench.json and docs/benchmarks.md."""
     install_opbridge(session)
+    # The baseline of deform_conv2d's standard-ops lowering: another project's decomposition (opset 12).
+    session.install("deform-conv2d-onnx-exporter==1.2.0")
     build_dir = ROOT / "build" / "nox-bench-helpers"  # not nox-bench: that is the wheel build of install_opbridge
     session.run(
         "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",

@@ -65,3 +65,63 @@ def features(batch: int, sizes, d_model: int, seed: int = 0, dtype=torch.float32
 def strides_of(height: int, width: int, strides=(8, 16, 32, 64)) -> list[tuple[int, int]]:
     """The feature-map sizes of a height x width image at the given strides (ceil, as ResNet's)."""
     return [(-(-height // s), -(-width // s)) for s in strides]
+
+
+def main() -> int:
+    """The full-size check of the issue: a 6-layer encoder (d_model 256, 8 heads, 4 levels, 4 points) on the
+    maps of an 800x1333 image, exported with both exporters and both lowerings, run in ORT at that size and at
+    a second one (640x960) without re-export, against eager. Prints the max error and the ORT time of each.
+
+        python tests/detr_encoder.py
+    """
+    import time
+    import warnings
+
+    import numpy as np
+
+    import opbridge_ort
+
+    torch.manual_seed(0)
+    model = Encoder().eval()
+
+    class FourLevels(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = model
+
+        def forward(self, p3, p4, p5, p6):
+            return self.encoder(p3, p4, p5, p6)
+
+    wrapper = FourLevels().eval()
+    names = ["p3", "p4", "p5", "p6"]
+    sizes = {"800x1333": strides_of(800, 1333), "640x960": strides_of(640, 960)}
+    inputs = {name: features(1, levels, 256, seed=1) for name, levels in sizes.items()}
+    with torch.no_grad():
+        expected = {name: model(*args).numpy() for name, args in inputs.items()}
+    for dynamo, opset, lowering in [(False, 17, "standard"), (False, 17, "custom"), (True, 18, "standard"),
+                                    (True, 18, "custom")]:  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if dynamo:
+                dims = tuple({2: torch.export.Dim.DYNAMIC, 3: torch.export.Dim.DYNAMIC} for _ in names)
+                proto = opbridge.onnx.export(wrapper, inputs["800x1333"], None, opset_version=opset, dynamo=True,
+                                             lowering=lowering, input_names=names, dynamic_shapes=dims)  # fmt: skip
+            else:
+                axes = {n: {2: f"{n}_h", 3: f"{n}_w"} for n in names}
+                proto = opbridge.onnx.export(wrapper, inputs["800x1333"], None, opset_version=opset, dynamo=False,
+                                             lowering=lowering, input_names=names, dynamic_axes=axes)  # fmt: skip
+        session = opbridge_ort.InferenceSession(proto)
+        for size, args in inputs.items():
+            feeds = {n: t.numpy() for n, t in zip(names, args, strict=True)}
+            start = time.perf_counter()
+            (got,) = session.run(None, feeds)
+            seconds = time.perf_counter() - start
+            error = float(np.abs(got - expected[size]).max())
+            print(f"{'dynamo' if dynamo else 'legacy'} opset {opset} {lowering:8} {size:9} S={got.shape[1]:6} "
+                  f"max error {error:.2e}  ORT {seconds * 1000:.0f} ms", flush=True)  # fmt: skip
+            assert error < 1e-3, error
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
