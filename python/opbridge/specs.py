@@ -86,7 +86,8 @@ class OpSpec:
     sample_inputs: Callable[[torch.dtype, str, int], tuple[torch.Tensor, ...]] | None = None
     operand_kinds: Sequence[str] = ("default",)
     input_names: Sequence[str] = ()
-    #: independent reference implementation (plain torch math), for tests.
+    #: independent reference implementation (plain torch math), for tests; called with the sample inputs, and
+    #: with ``path=`` (the call path's name) too when it takes that argument.
     reference: Callable[..., torch.Tensor] | None = None
     #: parity tolerances that differ from the defaults: dtype name -> (rtol, atol).
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -107,14 +108,21 @@ class OpSpec:
     def namespace(self) -> str:
         return self.torch_op.split("::")[0]
 
+    @property
+    def symbolic_name(self) -> str:
+        """``namespace::name`` without an overload (``aten::scatter_reduce.two`` -> ``aten::scatter_reduce``): the
+        key of the TorchScript-based exporter's symbolic registry."""
+        return self.torch_op.split(".")[0]
+
     def is_available(self) -> bool:
         return self.available is None or bool(self.available())
 
     def resolve_overload(self) -> Any | None:
         """The torch OpOverload if its library is loaded, else None; never imports a library."""
         namespace, name = self.torch_op.split("::")
+        name, _, overload = name.partition(".")
         try:
-            return getattr(getattr(torch.ops, namespace), name).default
+            return getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
         except (AttributeError, RuntimeError):
             return None
 

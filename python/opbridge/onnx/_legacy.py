@@ -33,7 +33,7 @@ def symbolic_for(name: str) -> Callable:
             lowering = spec.lowering(current_lowering(), g.opset)
         except specs.LoweringError:
             # No opbridge lowering at this opset: torch's own rule, where it has one (as without opbridge).
-            builtin = _torch_hooks.legacy_builtin_symbolic(spec.torch_op, g.opset)
+            builtin = _torch_hooks.legacy_builtin_symbolic(spec.symbolic_name, g.opset)
             if builtin is None or spec.namespace == "opbridge":
                 raise
             return builtin(g, *args)
@@ -53,7 +53,7 @@ def symbolic_for(name: str) -> Callable:
 def register_symbolics(only: specs.OpSpec | None = None) -> None:
     for spec in [only] if only is not None else specs.all_specs():
         minimum = max(MIN_OPSET, min(lw.min_opset for lw in spec.lowerings))
-        torch.onnx.register_custom_op_symbolic(spec.torch_op, symbolic_for(spec.name), minimum)
+        torch.onnx.register_custom_op_symbolic(spec.symbolic_name, symbolic_for(spec.name), minimum)
 
 
 def max_opset() -> int:
