@@ -5,7 +5,6 @@ Python module fails as much as the reverse), and each failure says which file is
 from __future__ import annotations
 
 import inspect
-
 import re
 from pathlib import Path
 

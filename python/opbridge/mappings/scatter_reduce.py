@@ -89,10 +89,8 @@ def _scatter_reduce(b, self, dim, index, src, reduce, include_self=True):
         return total
     one = _identity(b, "prod", self)
     counts = scatter(b.op("Mul", self, _identity(b, "sum", self)), filled(one), "add")  # how many src land there
-    if include_self:
-        counts = b.op("Add", counts, one)
-    else:
-        counts = b.op("Max", counts, one)  # nothing landed: total is self, divided by 1
+    # With self: one more term. Without: where nothing landed, total is self, divided by 1.
+    counts = b.op("Add", counts, one) if include_self else b.op("Max", counts, one)
     return b.op("Div", total, counts)
 
 
