@@ -93,6 +93,19 @@ def install() -> None:
     for name, patch in hooks:
         status.setdefault(name, "pending")
         _when_imported(name, patch)
+    # torchvision registers its own TorchScript-exporter symbolics (roi_align, roi_pool, nms at opsets 11 and 16)
+    # when torchvision.ops is imported; opbridge's rules for its ops must still win where they exist, whichever
+    # of the two packages is imported first.
+    _when_imported("torchvision.ops", _register_torchvision_rules)
+
+
+def _register_torchvision_rules(module: ModuleType) -> None:
+    from .. import specs
+    from . import _legacy
+
+    for spec in specs.all_specs():
+        if spec.namespace == "torchvision":
+            _legacy.register_symbolics(spec)
 
 
 def _missing(name: str, what: str, consequence: str) -> None:
