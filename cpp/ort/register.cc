@@ -83,12 +83,13 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     return fallback->CreateStatus(ORT_FAIL, message.c_str());
   }
   static std::once_flag once;
-  static std::vector<Ort::CustomOpDomain*> domains;
+  // Never destroyed (see make_domains): a static vector would be, at exit, leaving the domains unreachable.
+  static auto* domains = new std::vector<Ort::CustomOpDomain*>();
   std::call_once(once, [&] {
     g_api_version = version;
     Ort::InitApi(api);
     init_gemm();
-    domains = make_domains(version);
+    *domains = make_domains(version);
   });
   // Session options that already carry the domain (the library registered twice, e.g. by hand and then by
   // opbridge_ort.session_options) keep it once: ORT refuses a duplicate domain when the session is created.
@@ -100,7 +101,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     registered = 0;
   }
   if (registered) return nullptr;
-  for (auto* domain : domains) {
+  for (auto* domain : *domains) {
     if (OrtStatus* status = api->AddCustomOpDomain(options, *domain)) return status;
   }
   return api->AddSessionConfigEntry(options, kRegisteredKey, "1");
