@@ -48,45 +48,32 @@ Ort::Status run_ms_deform_attn(OrtKernelContext* context, const char* op, const 
   });
 }
 
-constexpr const char* kOp = "opbridge::MultiScaleDeformableAttention";
-constexpr const char* kMmdeployOp = "mmdeploy::MMCVMultiScaleDeformableAttention";
+constexpr char kOp[] = "opbridge::MultiScaleDeformableAttention";
+constexpr char kMmdeployOp[] = "mmdeploy::MMCVMultiScaleDeformableAttention";
 
-template <class T>
-Ort::Status MultiScaleDeformableAttention(OrtKernelContext* context, const Ort::Custom::Tensor<T>& value,
-                                          const Ort::Custom::Tensor<int64_t>& spatial_shapes,
-                                          const Ort::Custom::Tensor<int64_t>& level_start_index,
-                                          const Ort::Custom::Tensor<T>& sampling_locations,
-                                          const Ort::Custom::Tensor<T>& attention_weights,
-                                          Ort::Custom::Tensor<T>& out) {
-  return run_ms_deform_attn(context, kOp, value, spatial_shapes, level_start_index, sampling_locations,
+// The kernel function of one node name (the name goes into its error messages).
+template <class T, const char* Op>
+Ort::Status compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& value,
+                    const Ort::Custom::Tensor<int64_t>& spatial_shapes,
+                    const Ort::Custom::Tensor<int64_t>& level_start_index,
+                    const Ort::Custom::Tensor<T>& sampling_locations, const Ort::Custom::Tensor<T>& attention_weights,
+                    Ort::Custom::Tensor<T>& out) {
+  return run_ms_deform_attn(context, Op, value, spatial_shapes, level_start_index, sampling_locations,
                             attention_weights, out);
 }
 
-template <class T>
-Ort::Status MmdeployMultiScaleDeformableAttention(OrtKernelContext* context, const Ort::Custom::Tensor<T>& value,
-                                                  const Ort::Custom::Tensor<int64_t>& spatial_shapes,
-                                                  const Ort::Custom::Tensor<int64_t>& level_start_index,
-                                                  const Ort::Custom::Tensor<T>& sampling_locations,
-                                                  const Ort::Custom::Tensor<T>& attention_weights,
-                                                  Ort::Custom::Tensor<T>& out) {
-  return run_ms_deform_attn(context, kMmdeployOp, value, spatial_shapes, level_start_index, sampling_locations,
-                            attention_weights, out);
+template <const char* Op>
+void append_for(const char* op_type, std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp(op_type, "CPUExecutionProvider", compute<float, Op>)));
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp(op_type, "CPUExecutionProvider", compute<double, Op>)));
 }
 
 void append_ms_deform_attn(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  constexpr const char* kType = "MultiScaleDeformableAttention";
-  ops.push_back(complete_op(
-      Ort::Custom::CreateLiteCustomOp(kType, "CPUExecutionProvider", MultiScaleDeformableAttention<float>)));
-  ops.push_back(complete_op(
-      Ort::Custom::CreateLiteCustomOp(kType, "CPUExecutionProvider", MultiScaleDeformableAttention<double>)));
+  append_for<kOp>("MultiScaleDeformableAttention", ops);
 }
 
 void append_mmdeploy_ms_deform_attn(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  constexpr const char* kType = "MMCVMultiScaleDeformableAttention";
-  ops.push_back(complete_op(
-      Ort::Custom::CreateLiteCustomOp(kType, "CPUExecutionProvider", MmdeployMultiScaleDeformableAttention<float>)));
-  ops.push_back(complete_op(
-      Ort::Custom::CreateLiteCustomOp(kType, "CPUExecutionProvider", MmdeployMultiScaleDeformableAttention<double>)));
+  append_for<kMmdeployOp>("MMCVMultiScaleDeformableAttention", ops);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@ export runs it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,3 +194,19 @@ def mark_builtin() -> None:
 
 def builtin_specs() -> list[OpSpec]:
     return [spec for name, spec in _REGISTRY.items() if name in _BUILTIN]
+
+
+def torchvision_op_loads(name: str) -> Callable[[], bool]:
+    """An ``OpSpec.available`` for a torchvision op: True when torchvision imports and its compiled op ``name``
+    loads (not on e.g. the CPU-only torch). Imports torchvision only when first called; the answer is kept."""
+
+    @functools.cache
+    def available() -> bool:
+        try:
+            import torchvision  # noqa: F401
+
+            return hasattr(torch.ops.torchvision, name)
+        except Exception:  # no torchvision, or its compiled ops do not load
+            return False
+
+    return available

@@ -33,15 +33,6 @@ def _roi_align(b, input, rois, spatial_scale, pooled_height, pooled_width, sampl
                 sampling_ratio=max(int(b.value(sampling_ratio, "i")), 0))  # fmt: skip
 
 
-def _torchvision_ops_load() -> bool:
-    try:
-        import torchvision  # noqa: F401
-
-        return hasattr(torch.ops.torchvision, "roi_align")
-    except Exception:  # no torchvision, or its compiled ops do not load (e.g. on the CPU-only torch)
-        return False
-
-
 class _RoiAlign(torch.nn.Module):
     def __init__(self, sampling_ratio: int, aligned: bool) -> None:
         super().__init__()
@@ -134,6 +125,6 @@ specs.register(
         input_names=("x", "rois"),
         reference=_reference,
         known_gaps=_known_gaps,
-        available=_torchvision_ops_load,
+        available=specs.torchvision_op_loads("roi_align"),
     )
 )

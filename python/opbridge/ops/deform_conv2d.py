@@ -17,7 +17,6 @@ Both torch ops lower the same three ways:
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -602,16 +601,6 @@ def _known_gaps(cell) -> str | None:
     return None
 
 
-@functools.cache
-def _torchvision_ops_load() -> bool:
-    try:
-        import torchvision  # noqa: F401
-
-        return hasattr(torch.ops.torchvision, "deform_conv2d")
-    except Exception:  # no torchvision, or its compiled ops do not load (e.g. on the CPU-only torch)
-        return False
-
-
 _COMMON = {
     "dtypes": (torch.float32, torch.float64),
     "operand_kinds": ("mask", "no_mask"),
@@ -666,7 +655,7 @@ specs.register(
         lowerings=_lowerings(_torchvision_args),
         call_paths={"torchvision": lambda: _DeformModel(use_torchvision=True)},
         # Checked when the matrix needs it, not at import: importing torchvision costs a second.
-        available=_torchvision_ops_load,
+        available=specs.torchvision_op_loads("deform_conv2d"),
         # torch's own dynamo rule emits DeformConv, which needs opset >= 19 and ORT >= 1.25: ours also serves
         # opsets 18 and below with the decomposition.
         dynamo_overrides_torch=True,
