@@ -6,6 +6,8 @@
     nox -s lint           ruff and clang-format
     nox -s bench          opbridge's kernels against their baselines (ORT's ops, torch eager, torchvision,
                           the memory-bandwidth and GEMM bounds): docs/benchmarks.md
+    nox -s coverage       which PyTorch ops export correctly, per exporter and opset, without and with opbridge
+                          (PyTorch's op database through both exporters into ORT): docs/coverage.md
     nox -s fuzz           10,000 hostile cases per op target (tests/fuzz.py); `-- --cases N --seed S`
     nox -s sanitize       both libraries under ASan + UBSan: kernel tests, fuzzer, concurrency, leak check
     nox -t matrix         the release matrix: a wheel per torch version and the runtime wheel (`wheels`),
@@ -86,6 +88,20 @@ def parity(session: nox.Session) -> None:
     session.run("python", "-m", "opbridge", "parity", "--json", str(ROOT / "reports" / "parity.json"), *session.posargs)
     # Real exported models for `nox -s ort_versions`, whose venvs have no torch.
     session.run("python", str(ROOT / "tests" / "export_reference_models.py"), str(EXPORTED_MODELS))
+
+
+@nox.session(default=False)
+def coverage(session: nox.Session) -> None:
+    """The coverage sweep (PyTorch's op samples through both exporters into ORT, without and with opbridge):
+    docs/coverage.md and reports/coverage.json. About 20 minutes on 2 cores; `-- --ops 'scatter_reduce.*'` for
+    a part, `-- --case ID` to replay one case."""
+    install_opbridge(session)
+    (ROOT / "reports").mkdir(exist_ok=True)
+    arguments = session.posargs or [
+        "--json", str(ROOT / "reports" / "coverage.json"), "--markdown", str(ROOT / "docs" / "coverage.md"),
+        "--budget-minutes", "35",
+    ]  # fmt: skip
+    session.run("python", "-m", "opbridge", "coverage", *arguments)
 
 
 @nox.session(default=False)

@@ -8,7 +8,7 @@ import importlib
 import sys
 
 MODULES = {"parity": "opbridge.parity", "inspect": "opbridge_ort.inspect", "bench": "opbridge.bench",
-           "ops": "opbridge.catalog"}  # fmt: skip
+           "ops": "opbridge.catalog", "coverage": "opbridge.coverage"}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

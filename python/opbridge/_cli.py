@@ -17,6 +17,7 @@ COMMANDS = {
     "inspect": "what a model needs to run in ONNX Runtime, with and without the opbridge library",
     "bench": "the benchmarks, with ratios against baselines measured in the same run",
     "ops": "the table of opbridge's ops and mappings (docs/ops.md)",
+    "coverage": "the coverage sweep: PyTorch's op samples through both exporters into ORT, without and with opbridge",
 }
 
 
@@ -69,4 +70,25 @@ def ops_parser() -> argparse.ArgumentParser:
     return parser
 
 
-PARSERS = {"parity": parity_parser, "bench": bench_parser, "ops": ops_parser}
+def coverage_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m opbridge coverage", description=COMMANDS["coverage"] + ".")
+    parser.add_argument("--ops", nargs="+", help="op names or glob patterns, e.g. 'scatter_reduce.*' (default: all)")
+    parser.add_argument("--subset", choices=["ci"], help="ci: the ops opbridge maps plus every 40th other op")
+    parser.add_argument("--modes", nargs="+", choices=["without", "with"], default=["without", "with"],
+                        help="without and/or with `import opbridge` (default: both)")  # fmt: skip
+    dtypes = ["float32", "int64", "bool"]
+    parser.add_argument("--dtypes", nargs="+", choices=dtypes, default=dtypes, help="sample dtypes, where taken")
+    parser.add_argument("--samples", type=int, default=2,
+                        help="samples per op for float32 (half as many, at least 1, for the others)")  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds one case may take")
+    parser.add_argument("--budget-minutes", type=float, help="start no unit after this many minutes")
+    parser.add_argument("--json", type=Path, help="write every case here (reports/coverage.json)")
+    parser.add_argument("--markdown", type=Path, help="write the report here (docs/coverage.md)")
+    parser.add_argument("--log", type=Path, help="append the workers' stderr here")
+    parser.add_argument("--case", help="replay one case by its id, in this process, printing everything")
+    parser.add_argument("--worker", choices=["without", "with"], help=argparse.SUPPRESS)
+    return parser
+
+
+PARSERS = {"parity": parity_parser, "bench": bench_parser, "ops": ops_parser, "coverage": coverage_parser}

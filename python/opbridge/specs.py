@@ -196,6 +196,13 @@ def builtin_specs() -> list[OpSpec]:
     return [spec for name, spec in _REGISTRY.items() if name in _BUILTIN]
 
 
+#: Why a model of opset >= 22 with RoiAlign or MaxRoiPool does not run in ONNX Runtime (a known-gap reason).
+ORT_NO_OPSET22_ROI_KERNELS = (
+    "ONNX Runtime (<= 1.31, CPU) has no kernel for RoiAlign-22 / MaxRoiPool-22, the versions an opset >= 22 model "
+    "uses: export with opset_version <= 21"
+)
+
+
 def torchvision_op_loads(name: str) -> Callable[[], bool]:
     """An ``OpSpec.available`` for a torchvision op: True when torchvision imports and its compiled op ``name``
     loads (not on e.g. the CPU-only torch). Imports torchvision only when first called; the answer is kept."""

@@ -1,16 +1,21 @@
-"""aten::grid_sampler (``torch.nn.functional.grid_sample``, 4-D) at opsets 11-15, from Gather.
+"""aten::grid_sampler (``torch.nn.functional.grid_sample``) from Gather: 4-D at opsets 11-15, 5-D at 11-19.
 
 The TorchScript-based exporter has a rule from opset 16 only (ONNX GridSample), yet mmdeploy's default pipeline
-exports at opset 11 and Qualcomm's toolchain stops at 12. This rule serves opsets 11-15 (torch's own from 16):
-bilinear and nearest, padding zeros, border and reflection, both ``align_corners``; batch and sizes dynamic.
+exports at opset 11 and Qualcomm's toolchain stops at 12; and GridSample is 4-D only before opset 20, so 5-D
+(volumetric) inputs fail at 16-19. This rule serves 4-D at opsets 11-15 (torch's own GridSample-16 from 16,
+except float64, which ONNX Runtime has no GridSample-16 kernel of) and 5-D at 11-19 (torch's GridSample-20 from
+20): bilinear (trilinear in 5-D) and nearest, padding zeros, border and reflection, both ``align_corners``;
+batch and sizes dynamic.
 
-The input goes channels-last and zero-padded (1 before, 2 after) so that a Gather index fetches a pixel's
-channels; coordinates are unnormalized, reflected or clipped as the padding mode says (PyTorch's
-``grid_sampler_compute_source_index``), then clamped into [-1, size] (NaN to -1), where off-map corners read the
-zero padding. Bicubic raises (use opset >= 16), as do 5-D inputs.
+The input goes channels-last and zero-padded (1 before, 2 after on every spatial axis) so that a Gather index
+fetches a pixel's channels; coordinates are unnormalized, reflected or clipped as the padding mode says
+(PyTorch's ``grid_sampler_compute_source_index``), then clamped into [-1, size] (NaN to -1), where off-map
+corners read the zero padding. Bicubic raises here (it needs 4-D and opset >= 16).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import torch
@@ -27,13 +32,24 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
     padding = _PADDINGS.get(int(b.value(padding_mode, "i")))
     align = bool(b.value(align_corners, "b"))
     shape = b.static_shape(input)
-    if shape is None or len(shape) != 4:
-        raise LoweringError(f"grid_sample export below opset 16: only 4-D inputs [N, C, H, W], got shape {shape}")
+    if shape is None or len(shape) not in (4, 5):
+        raise LoweringError(f"grid_sample export: input must be 4-D [N, C, H, W] or 5-D [N, C, D, H, W], got {shape}")
+    if b.opset >= 16 and len(shape) == 4 and b.dtype(input) != torch.float64:
+        # torch's own rule (ONNX GridSample-16) serves 4-D from opset 16; not float64 below 20, which ONNX Runtime
+        # has no GridSample-16 kernel of (this rule's Gathers run in float64).
+        from ..onnx import _torch_hooks
+
+        builtin = _torch_hooks.legacy_builtin_symbolic("aten::grid_sampler", b.opset)
+        if builtin is None:
+            raise LoweringError(f"grid_sample export: torch has no rule for 4-D inputs at opset {b.opset}")
+        return builtin(b.g, input, grid, interpolation_mode, padding_mode, align_corners)
     if mode not in ("bilinear", "nearest") or padding is None:
-        raise LoweringError(f"grid_sample export below opset 16: mode={mode!r} is not supported; export at opset >= 16")
+        raise LoweringError(f"grid_sample export at opset {b.opset}: mode={mode!r} is not supported here; "
+                            "bicubic needs 4-D inputs and opset >= 16")  # fmt: skip
     channels = shape[1]
     if channels is None:
         raise LoweringError("grid_sample export: the channel count of input must be static")
+    spatial = len(shape) - 2  # 2: (H, W); 3: (D, H, W)
     i64 = b.constant
 
     def const(value):
@@ -45,9 +61,9 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
     def dim(value, index):
         return b.op("Gather", b.op("Shape", value), i64([index]), axis=0)  # 1-D, one element
 
-    n_1d, height, width = dim(input, 0), dim(input, 2), dim(input, 3)
+    n_1d = dim(input, 0)
+    sizes = [dim(input, 2 + k) for k in range(spatial)]  # outermost first: (D,) H, W
     grid_shape = b.op("Shape", grid)
-    size_h, size_w = b.op("Reshape", as_float(height), i64([])), b.op("Reshape", as_float(width), i64([]))
 
     def source(coordinate, size):
         """PyTorch's grid_sampler_compute_source_index, then NaN -> -1 and a clamp into [-1, size]."""
@@ -71,38 +87,53 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
         x = b.op("Where", b.op("IsNaN", x), const(-1.0), x)
         return b.op("Max", b.op("Min", x, size), const(-1.0))
 
-    gx = b.op("Gather", grid, i64(0), axis=3)  # [N, Ho, Wo]
-    gy = b.op("Gather", grid, i64(1), axis=3)
-    x, y = source(gx, size_w), source(gy, size_h)
-    padded = b.op("Pad", b.op("Transpose", input, perm=[0, 2, 3, 1]), i64([0, 1, 1, 0, 0, 2, 2, 0]))
-    rows = b.op("Reshape", padded, i64([-1, channels]))  # (n * (H+3) + y + 1) * (W+3) + x + 1
-    padded_w = b.op("Reshape", b.op("Add", width, i64([3])), i64([]))
-    padded_h = b.op("Reshape", b.op("Add", height, i64([3])), i64([]))
-    first = b.op("Reshape", b.op("Mul", b.iota(b.op("Reshape", n_1d, i64([]))), padded_h), i64([-1, 1, 1]))
+    # The grid's last axis is (x, y[, z]): innermost spatial axis first.
+    coords = [
+        source(b.op("Gather", grid, i64(spatial - 1 - k), axis=spatial + 1), b.op("Reshape", as_float(size), i64([])))
+        for k, size in enumerate(sizes)
+    ]  # outermost first, each [N, *out]
+    perm = [0, *range(2, spatial + 2), 1]  # channels last
+    pads = [0] + [1] * spatial + [0] + [0] + [2] * spatial + [0]
+    padded = b.op("Pad", b.op("Transpose", input, perm=perm), i64(pads))
+    rows = b.op("Reshape", padded, i64([-1, channels]))
+    padded_sizes = [b.op("Reshape", b.op("Add", size, i64([3])), i64([])) for size in sizes]
+    strides = [None] * spatial  # rows between neighbours along each spatial axis
+    stride = i64(1)
+    for k in reversed(range(spatial)):
+        strides[k] = stride
+        stride = b.op("Mul", stride, padded_sizes[k])
+    first = b.op("Reshape", b.op("Mul", b.iota(b.op("Reshape", n_1d, i64([]))), stride), i64([-1] + [1] * spatial))
 
-    def index(yy, xx):  # float pixel coordinates in [-1, size] -> rows
-        iy = b.op("Cast", b.op("Add", yy, const(1.0)), to=7)
-        ix = b.op("Cast", b.op("Add", xx, const(1.0)), to=7)
-        return b.op("Add", b.op("Mul", b.op("Add", first, iy), padded_w), ix)
+    def index(points):  # float pixel coordinates in [-1, size], outermost first -> rows of the padded map
+        total = first
+        for point, step in zip(points, strides, strict=True):
+            total = b.op("Add", total, b.op("Mul", b.op("Cast", b.op("Add", point, const(1.0)), to=7), step))
+        return total
 
-    def unsqueeze(value):  # [N, Ho, Wo] -> [N, Ho, Wo, 1]
-        return b.op("Unsqueeze", value, i64([3])) if b.opset >= 13 else b.op("Unsqueeze", value, axes=[3])
+    def unsqueeze(value):  # [N, *out] -> [N, *out, 1]
+        axis = spatial + 1
+        return b.op("Unsqueeze", value, i64([axis])) if b.opset >= 13 else b.op("Unsqueeze", value, axes=[axis])
 
     if mode == "nearest":
-        sampled = b.op("Gather", rows, index(b.op("Round", y), b.op("Round", x)), axis=0)  # Round: half to even
+        sampled = b.op("Gather", rows, index([b.op("Round", c) for c in coords]), axis=0)  # Round: half to even
     else:
-        x0, y0 = b.op("Floor", x), b.op("Floor", y)
-        lx, ly = b.op("Sub", x, x0), b.op("Sub", y, y0)
-        hx, hy = b.op("Sub", const(1.0), lx), b.op("Sub", const(1.0), ly)
-        top_left = index(y0, x0)
-        right, down = i64(1), padded_w
-        corners = ((top_left, hy, hx), (b.op("Add", top_left, right), hy, lx), (b.op("Add", top_left, down), ly, hx),
-                   (b.op("Add", b.op("Add", top_left, down), right), ly, lx))  # fmt: skip
-        terms = [b.op("Mul", b.op("Gather", rows, i, axis=0), unsqueeze(b.op("Mul", wy, wx))) for i, wy, wx in corners]
-        sampled = b.op("Sum", *terms)  # [N, Ho, Wo, C]
-    out = b.op("Transpose", sampled, perm=[0, 3, 1, 2])
-    out_shape = b.op("Concat", n_1d, i64([channels]), b.op("Slice", grid_shape, i64([1]), i64([3]), i64([0])), axis=0)
-    return b.op("Reshape", out, out_shape)
+        lows = [b.op("Floor", c) for c in coords]
+        fractions = [b.op("Sub", c, low) for c, low in zip(coords, lows, strict=True)]
+        weights = [(b.op("Sub", const(1.0), f), f) for f in fractions]  # (weight of low, of high)
+        base = index(lows)
+        terms = []
+        for corner in itertools.product((0, 1), repeat=spatial):
+            rows_at = base
+            weight = None
+            for k, high in enumerate(corner):
+                if high:
+                    rows_at = b.op("Add", rows_at, strides[k])
+                weight = weights[k][high] if weight is None else b.op("Mul", weight, weights[k][high])
+            terms.append(b.op("Mul", b.op("Gather", rows, rows_at, axis=0), unsqueeze(weight)))
+        sampled = b.op("Sum", *terms)  # [N, *out, C]
+    out = b.op("Transpose", sampled, perm=[0, spatial + 1, *range(1, spatial + 1)])
+    out_sizes = b.op("Slice", grid_shape, i64([1]), i64([spatial + 1]), i64([0]))
+    return b.op("Reshape", out, b.op("Concat", n_1d, i64([channels]), out_sizes, axis=0))
 
 
 def _onnx_float(b, like) -> int:
@@ -134,9 +165,11 @@ def _paths() -> dict:
 
 
 def _sample_inputs(dtype: torch.dtype, operands: str, batch: int):
+    """``operands``: "4d" (N, C, H, W) or "5d" (N, C, D, H, W); grid points up to 1.6 beyond [-1, 1]."""
     generator = torch.Generator().manual_seed(batch)
-    x = torch.randn(batch, 3, 5, 7, generator=generator, dtype=torch.float64)
-    grid = torch.rand(batch, 4, 6, 2, generator=generator, dtype=torch.float64) * 3.2 - 1.6  # beyond [-1, 1] too
+    sizes, out = ((5, 7), (4, 6)) if operands == "4d" else ((3, 4, 5), (2, 3, 4))
+    x = torch.randn(batch, 3, *sizes, generator=generator, dtype=torch.float64)
+    grid = torch.rand(batch, *out, len(sizes), generator=generator, dtype=torch.float64) * 3.2 - 1.6
     return x.to(dtype), grid.to(dtype)
 
 
@@ -149,15 +182,17 @@ def _reflect(x, low, high):
 
 
 def _reference(x, grid, path: str = "bilinear_zeros"):
-    """grid_sample written from its definition, one output element at a time (numpy)."""
+    """grid_sample written from its definition, one output element at a time (numpy), 4-D or 5-D."""
     mode, padding, *aligned = path.split("_")
     align = bool(aligned)
-    n, c, h, w = x.shape
+    sizes = x.shape[2:]  # outermost first
+    spatial = len(sizes)
     data, g = x.double().numpy(), grid.double().numpy()
-    out = np.zeros((n, c, *grid.shape[1:3]))
-    for b_, i, j in np.ndindex(n, *grid.shape[1:3]):
+    out = np.zeros((x.shape[0], x.shape[1], *grid.shape[1:-1]))
+    for position in np.ndindex(x.shape[0], *grid.shape[1:-1]):
         coords = []
-        for value, size in ((g[b_, i, j, 0], w), (g[b_, i, j, 1], h)):
+        for k, size in enumerate(sizes):
+            value = g[position][spatial - 1 - k]  # the grid lists x (innermost) first
             p = (value + 1) / 2 * (size - 1) if align else ((value + 1) * size - 1) / 2
             if padding == "reflection" and np.isfinite(p):
                 p = (_reflect(p, 0, size - 1) if size > 1 else 0.0) if align else _reflect(p, -0.5, size - 0.5)
@@ -166,25 +201,28 @@ def _reference(x, grid, path: str = "bilinear_zeros"):
             if padding in ("border", "reflection"):
                 p = min(max(p, 0), size - 1)
             coords.append(p)
-        px, py = coords
         if mode == "nearest":
-            taps = [(np.rint(py), np.rint(px), 1.0)]
+            taps = [(tuple(np.rint(c) for c in coords), 1.0)]
         else:
-            x0, y0 = np.floor(px), np.floor(py)
-            taps = [
-                (y0 + dy, x0 + dx, (1 - abs(py - y0 - dy)) * (1 - abs(px - x0 - dx))) for dy in (0, 1) for dx in (0, 1)
-            ]
-        for yy, xx, weight in taps:
-            if 0 <= yy < h and 0 <= xx < w:
-                out[b_, :, i, j] += weight * data[b_, :, int(yy), int(xx)]
+            lows = [np.floor(c) for c in coords]
+            taps = []
+            for corner in itertools.product((0, 1), repeat=spatial):
+                point = tuple(low + d for low, d in zip(lows, corner, strict=True))
+                weight = np.prod([1 - abs(c - p) for c, p in zip(coords, point, strict=True)])
+                taps.append((point, weight))
+        for point, weight in taps:
+            if all(0 <= p < size for p, size in zip(point, sizes, strict=True)):
+                out[(position[0], slice(None), *position[1:])] += (
+                    weight * data[(position[0], slice(None), *(int(p) for p in point))]
+                )
     return torch.from_numpy(out).to(x.dtype)
 
 
 def _known_gaps(cell) -> str | None:
     if cell.opset < 11:
         return "the Gather rule needs opset >= 11 (Round, Range)"
-    if cell.opset >= 16 and cell.dtype == "float64" and cell.opset < 20:
-        return "torch's own rule from opset 16 writes GridSample-16, which ONNX Runtime has no float64 kernel of"
+    if cell.exporter == "dynamo" and cell.opset < 20 and cell.dtype == "float64":
+        return "torch's dynamo rule writes GridSample-16, which ONNX Runtime has no float64 kernel of (opset < 20)"
     return None
 
 
@@ -192,11 +230,20 @@ specs.register(
     specs.OpSpec(
         name="grid_sampler",
         torch_op="aten::grid_sampler",
-        doc="aten::grid_sampler (grid_sample, 4-D) -> Gather bilinear/nearest at opsets 11-15",
-        lowerings=[specs.Lowering("standard", _grid_sampler, min_opset=11, max_opset=15, note="Gather, 4-D")],
+        doc="aten::grid_sampler (grid_sample) -> Gather bilinear/nearest: 4-D at opsets 11-15, 5-D at 11-19",
+        lowerings=[
+            specs.Lowering(
+                "standard",
+                _grid_sampler,
+                min_opset=11,
+                max_opset=19,
+                note="Gather; 4-D: torch's GridSample-16 from 16 (float64: Gather)",
+            )
+        ],
         dtypes=(torch.float32, torch.float64),
         call_paths=_paths(),
         sample_inputs=_sample_inputs,
+        operand_kinds=("4d", "5d"),
         input_names=("x", "grid"),
         reference=_reference,
         known_gaps=_known_gaps,

@@ -22,8 +22,8 @@ from ..specs import LoweringError
 _REDUCTIONS = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min", "mean": "add"}
 
 
-def _identity(b, reduce: str, like):
-    dtype = b.dtype(like, "self") if b.exporter == "legacy" else _dynamo_dtype(b, like)
+def _identity(b, reduce: str, like, dtype: torch.dtype):
+    """The reduction's identity as a scalar of ``like``'s element type (``dtype``)."""
     if reduce in ("sum", "mean"):
         value = 0
     elif reduce == "prod":
@@ -33,25 +33,10 @@ def _identity(b, reduce: str, like):
     else:
         info = torch.iinfo(dtype)
         value = info.min if reduce == "amax" else info.max
-    return (
-        b.op("Constant", value=torch.tensor(value, dtype=dtype)) if b.exporter == "legacy" else _typed(b, value, like)
-    )
-
-
-def _dynamo_dtype(b, like) -> torch.dtype:
-    try:
-        return b.dtype(like, "self")
-    except LoweringError:  # integer tensors: the builder's dtype() knows floating types only
-        names = {"INT64": torch.int64, "INT32": torch.int32, "INT16": torch.int16, "INT8": torch.int8,
-                 "UINT8": torch.uint8}  # fmt: skip
-        return names[like.dtype.name]
-
-
-def _typed(b, value, like):
-    """A scalar of ``like``'s element type (dynamo builder)."""
-    if isinstance(value, float):
-        return b.op("CastLike", b.op("Constant", value_float=value), like)
-    return b.op("CastLike", b.op("Constant", value_int=int(value)), like)
+    if b.exporter == "legacy":
+        return b.op("Constant", value=torch.tensor(value, dtype=dtype))
+    constant = b.op("Constant", value_float=value) if isinstance(value, float) else b.op("Constant", value_int=value)
+    return b.op("CastLike", constant, like)
 
 
 def _scatter_reduce(b, self, dim, index, src, reduce, include_self=True):
@@ -62,12 +47,14 @@ def _scatter_reduce(b, self, dim, index, src, reduce, include_self=True):
         raise LoweringError(f"scatter_reduce export: unknown reduce {reduce!r}; torch has {sorted(_REDUCTIONS)}")
     if reduce in ("amax", "amin") and b.opset < 18:
         raise LoweringError(f"scatter_reduce export: reduce={reduce!r} needs ScatterElements' max/min, opset >= 18")
-    dtype = b.dtype(self, "self") if b.exporter == "legacy" else _dynamo_dtype(b, self)
-    if reduce == "mean" and not dtype.is_floating_point:
-        raise LoweringError(
-            "scatter_reduce export: reduce='mean' of integers (torch floors the quotient) has no exact ONNX form "
-            "here; cast to floating point before the op"
-        )
+    dtype = b.dtype(self, "self")
+    boolean = dtype == torch.bool
+    if boolean:
+        if reduce == "mean":
+            raise LoweringError("scatter_reduce export: torch has no reduce='mean' of bools")
+        # 0/1 as int32: sum and amax are OR, prod and amin AND once cast back (non-zero -> True).
+        int32 = 6  # onnx.TensorProto.INT32
+        self, src, dtype = b.op("Cast", self, to=int32), b.op("Cast", src, to=int32), torch.int32
     index_shape = b.op("Shape", index)
     rank = len(b.static_shape(index) or []) or None
     if rank is None:
@@ -83,15 +70,25 @@ def _scatter_reduce(b, self, dim, index, src, reduce, include_self=True):
     def filled(value_like_scalar):  # a tensor of index's shape holding one scalar
         return b.op("Expand", value_like_scalar, index_shape)
 
-    base = self if include_self else scatter(self, filled(_identity(b, reduce, self)), "none")
+    base = self if include_self else scatter(self, filled(_identity(b, reduce, self, dtype)), "none")
     total = scatter(base, updates, _REDUCTIONS[reduce])
+    if boolean:
+        return b.op("Cast", total, to=9)  # onnx.TensorProto.BOOL
     if reduce != "mean":
         return total
-    one = _identity(b, "prod", self)
-    counts = scatter(b.op("Mul", self, _identity(b, "sum", self)), filled(one), "add")  # how many src land there
+    one = _identity(b, "prod", self, dtype)
+    counts = scatter(b.op("Mul", self, _identity(b, "sum", self, dtype)), filled(one), "add")  # how many land there
     # With self: one more term. Without: where nothing landed, total is self, divided by 1.
     counts = b.op("Add", counts, one) if include_self else b.op("Max", counts, one)
-    return b.op("Div", total, counts)
+    quotient = b.op("Div", total, counts)
+    if dtype.is_floating_point:
+        return quotient
+    # Integers: torch floors the quotient, ONNX's Div truncates; the count is positive, so a negative remainder
+    # means the truncated quotient is one too large.
+    remainder = b.op("Sub", total, b.op("Mul", quotient, counts))
+    return b.op(
+        "Where", b.op("Less", remainder, _identity(b, "sum", self, dtype)), b.op("Sub", quotient, one), quotient
+    )
 
 
 class _ScatterReduce(torch.nn.Module):

@@ -53,7 +53,12 @@ def symbolic_for(name: str) -> Callable:
 def register_symbolics(only: specs.OpSpec | None = None) -> None:
     for spec in [only] if only is not None else specs.all_specs():
         minimum = max(MIN_OPSET, min(lw.min_opset for lw in spec.lowerings))
-        torch.onnx.register_custom_op_symbolic(spec.symbolic_name, symbolic_for(spec.name), minimum)
+        # The exporter dispatches to the rule registered at the highest opset <= the one exported, so a builtin
+        # rule registered at a later opset (grid_sampler's at 16) would shadow this one above it: register at
+        # those opsets too. Where the spec has no lowering, the symbolic calls the builtin rule itself.
+        later = [v for v in _torch_hooks.legacy_builtin_versions(spec.symbolic_name) if v > minimum]
+        for opset in (minimum, *later):
+            torch.onnx.register_custom_op_symbolic(spec.symbolic_name, symbolic_for(spec.name), opset)
 
 
 def max_opset() -> int:

@@ -74,3 +74,33 @@ def _register_custom_nodes(onnx, OpSchema, attribute_types) -> None:
                 type_constraints=[("T", list(node.types), "element types the opbridge ORT library implements")],
             )
         )
+
+
+#: Domain of placeholder nodes for op outputs that have no ONNX form (e.g. torchvision::roi_pool's argmax, used
+#: only by its backward). A placeholder whose output the model does not use is removed after the export
+#: (opbridge.onnx._torch_hooks); one whose output is used makes the export fail, naming the op and output. If a
+#: placeholder ever reached a runtime, ONNX Runtime would refuse the model: never a silently wrong value.
+UNEXPORTED_DOMAIN = "opbridge.unexported"
+
+
+def register_unexported_schema(op_type: str) -> None:
+    """The schema of a placeholder node (onnxscript needs one to emit it); idempotent."""
+    import onnx
+    from onnx.defs import OpSchema
+
+    with _lock:
+        if onnx.defs.has(op_type, UNEXPORTED_DOMAIN):
+            return
+        every_type = [f"tensor({t})" for t in ("float", "double", "float16", "int64", "int32", "bool")]
+        onnx.defs.register_schema(
+            OpSchema(
+                op_type,
+                UNEXPORTED_DOMAIN,
+                1,
+                doc="placeholder for an output with no ONNX form; removed from the model if unused",
+                inputs=[OpSchema.FormalParameter("like", "T")],
+                outputs=[OpSchema.FormalParameter("output", "U")],
+                attributes=[OpSchema.Attribute("why", OpSchema.AttrType.STRING, "", required=False)],
+                type_constraints=[("T", every_type, ""), ("U", every_type, "")],
+            )
+        )

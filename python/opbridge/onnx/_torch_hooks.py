@@ -158,10 +158,14 @@ def _patch_export(module: ModuleType) -> None:
         table.update(bound.arguments.get("custom_translation_table") or {})  # the caller's entries win
         bound.arguments["custom_translation_table"] = table
         if current_lowering() != "function":
-            return original(*bound.args, **bound.kwargs)
+            program = original(*bound.args, **bound.kwargs)
+            if _drop_unexported(program) and bound.arguments.get("f") is not None:
+                _save_like_torch(program, bound.arguments["f"], bound.arguments)  # torch saved the placeholders
+            return program
         # Function calls need their definitions in the model before torch saves it.
         destination = bound.arguments.pop("f", None)
         program = original(*bound.args, **bound.kwargs)
+        _drop_unexported(program)
         _attach_functions(program)
         if destination is not None:
             _save_like_torch(program, destination, bound.arguments)
@@ -170,6 +174,29 @@ def _patch_export(module: ModuleType) -> None:
     export_compat.__opbridge_wrapped__ = True
     module.export_compat = export_compat
     status[COMPAT] = "installed"
+
+
+def _drop_unexported(program) -> bool:
+    """Removes the placeholders of unused outputs that have no ONNX form; raises if the model uses one.
+    Returns whether the model changed."""
+    from ..specs import LoweringError
+    from ._schemas import UNEXPORTED_DOMAIN
+
+    model = getattr(program, "model", None)
+    graph = getattr(model, "graph", None)
+    if graph is None:
+        return False
+    placeholders = [node for node in graph if node.domain == UNEXPORTED_DOMAIN]
+    for node in placeholders:
+        output = node.outputs[0]
+        if output.uses() or output in graph.outputs:
+            why = node.attributes["why"].value if "why" in node.attributes else node.op_type
+            raise LoweringError(f"the model uses an output that has no ONNX form: {why}")
+        graph.remove(node, safe=True)
+    if UNEXPORTED_DOMAIN in model.opset_imports:
+        del model.opset_imports[UNEXPORTED_DOMAIN]
+        return True
+    return bool(placeholders)
 
 
 def _attach_functions(program) -> None:
@@ -262,6 +289,27 @@ def _patch_decomp(module: ModuleType) -> None:
 # --- the TorchScript-based exporter: torch's own rule of an op ---------------------------------------------------
 
 _LEGACY_REGISTRATIONS = ("torch.onnx._internal.torchscript_exporter.registration", "torch.onnx._internal.registration")
+
+
+def legacy_builtin_versions(name: str) -> list[int]:
+    """The opsets at which torch (or torchvision) registered its own symbolic of ``name``; [] if unknown.
+    torch registers its symbolics when its symbolic_opsetN modules are imported (at the first export): import
+    them now."""
+    import contextlib
+    import importlib
+
+    for version in range(7, 21):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(f"torch.onnx.symbolic_opset{version}")
+
+    for module_name in _LEGACY_REGISTRATIONS:
+        try:
+            registration = importlib.import_module(module_name)
+            group = registration.registry.get_function_group(name)
+            return sorted(group._functions._base) if group is not None else []
+        except (ImportError, AttributeError, TypeError):
+            continue
+    return []
 
 
 def legacy_builtin_symbolic(name: str, opset: int) -> Callable | None:

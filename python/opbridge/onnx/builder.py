@@ -21,7 +21,13 @@ from typing import Any
 
 import torch
 
-_SCALAR_TYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16}
+#: TorchScript scalar type / ONNX element type name -> torch dtype, for what builders' dtype() can answer.
+_SCALAR_TYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16,
+                 "Long": torch.int64, "Int": torch.int32, "Short": torch.int16, "Char": torch.int8,
+                 "Byte": torch.uint8, "Bool": torch.bool}  # fmt: skip
+_ELEMENT_TYPES = {"FLOAT": torch.float32, "DOUBLE": torch.float64, "FLOAT16": torch.float16, "BFLOAT16": torch.bfloat16,
+                  "INT64": torch.int64, "INT32": torch.int32, "INT16": torch.int16, "INT8": torch.int8,
+                  "UINT8": torch.uint8, "BOOL": torch.bool}  # fmt: skip
 
 
 def _legacy_attribute(name: str, value: Any) -> tuple[str, Any]:
@@ -61,7 +67,7 @@ class LegacyBuilder:
 
             raise LoweringError(
                 f"the ONNX export needs the dtype of {what}, but the exporter knows it as {scalar_type!r}; "
-                "export with example inputs of a floating dtype"
+                "export with example inputs (not None) of a supported dtype"
             )
         return _SCALAR_TYPES[scalar_type]
 
@@ -143,8 +149,17 @@ class DynamoBuilder:
         opset = self._standard if not domain else self._onnxscript.values.Opset(domain, CUSTOM_DOMAIN_VERSION)
         return getattr(opset, op_type)(*inputs, **attributes)
 
+    def unexported(self, op_type: str, like, why: str):
+        """A placeholder for an output with no ONNX form (see opbridge.onnx._schemas.UNEXPORTED_DOMAIN): the
+        export removes it if the model does not use the output and fails with ``why`` if it does."""
+        from ._schemas import UNEXPORTED_DOMAIN, register_unexported_schema
+
+        register_unexported_schema(op_type)
+        opset = self._onnxscript.values.Opset(UNEXPORTED_DOMAIN, 1)
+        return getattr(opset, op_type)(like, why=why)
+
     def dtype(self, value, what: str = "input") -> torch.dtype:
-        names = {"FLOAT": torch.float32, "DOUBLE": torch.float64, "FLOAT16": torch.float16, "BFLOAT16": torch.bfloat16}
+        names = _ELEMENT_TYPES
         element = getattr(value, "dtype", None)
         if getattr(element, "name", None) not in names:
             from ..specs import LoweringError
