@@ -286,6 +286,7 @@ def _cli_run(*args: str) -> subprocess.CompletedProcess:
         ("opbridge", "parity"),
         ("opbridge", "bench"),
         ("opbridge", "ops"),
+        ("opbridge", "coverage"),
         ("opbridge", "inspect"),
         ("opbridge_ort",),
         ("opbridge_ort", "inspect"),
@@ -315,6 +316,7 @@ def test_cli_help_does_not_import_torch(command):
         (("opbridge", "nosuch"), ["invalid choice", "parity"]),
         (("opbridge", "parity", "--ops", "nosuch"), ["unknown op(s) nosuch", "my_add"]),
         (("opbridge", "parity", "--exporters", "jit"), ["invalid choice", "legacy"]),
+        (("opbridge", "coverage", "--ops", "nosuch*"), ["no op matches", "nosuch*"]),
         (("opbridge_ort", "nosuch"), ["usage: python -m opbridge_ort inspect"]),
     ],
 )

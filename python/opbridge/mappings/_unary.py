@@ -24,13 +24,27 @@ def unary_inputs(transform):
     return sample
 
 
+def float_unary(onnx_op: str):
+    """A lowering ``x -> onnx_op(x)`` that, as torch, computes integer and bool inputs in float32 (ONNX's math ops
+    take floating types only)."""
+
+    def build(b, x):
+        try:
+            floating = b.dtype(x).is_floating_point
+        except specs.LoweringError:  # the exporter does not know the dtype: leave it as it is
+            floating = True
+        return b.op(onnx_op, x if floating else b.op("Cast", x, to=1))  # onnx.TensorProto.FLOAT
+
+    return build
+
+
 def unary_spec(name: str, torch_fn, onnx_op: str, min_opset: int, domain_transform, reference, **extra) -> specs.OpSpec:
     return specs.register(
         specs.OpSpec(
             name=name,
             torch_op=f"aten::{name}",
             doc=f"aten::{name} -> ONNX {onnx_op}",
-            lowerings=[specs.Lowering("standard", lambda b, x: b.op(onnx_op, x), min_opset=min_opset, note=onnx_op)],
+            lowerings=[specs.Lowering("standard", float_unary(onnx_op), min_opset=min_opset, note=onnx_op)],
             dtypes=extra.pop("dtypes", (torch.float32, torch.float64)),
             call_paths={"torch": unary_module(torch_fn)},
             sample_inputs=unary_inputs(domain_transform),

@@ -40,12 +40,21 @@ def _identity(b, reduce: str, like, dtype: torch.dtype):
 
 
 def _scatter_reduce(b, self, dim, index, src, reduce, include_self=True):
+    arguments = (self, dim, index, src, reduce, include_self)
     dim = int(b.value(dim, "i"))
     reduce = b.value(reduce, "s")
     include_self = bool(b.value(include_self, "b")) if not b.is_none(include_self) else True
     if reduce not in _REDUCTIONS:
         raise LoweringError(f"scatter_reduce export: unknown reduce {reduce!r}; torch has {sorted(_REDUCTIONS)}")
     if reduce in ("amax", "amin") and b.opset < 18:
+        if b.exporter == "legacy" and include_self:
+            # torch's own rule writes ScatterElements-16 with reduction max/min, which the ONNX standard adds in
+            # opset 18 but ONNX Runtime runs (measured: correct on ORT 1.31): keep what works without opbridge.
+            from ..onnx import _torch_hooks
+
+            builtin = _torch_hooks.legacy_builtin_symbolic("aten::scatter_reduce", b.opset)
+            if builtin is not None:
+                return builtin(b.g, *arguments)
         raise LoweringError(f"scatter_reduce export: reduce={reduce!r} needs ScatterElements' max/min, opset >= 18")
     dtype = b.dtype(self, "self")
     boolean = dtype == torch.bool
