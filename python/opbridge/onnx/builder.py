@@ -16,6 +16,8 @@ exporter it records onnxscript ops. ``b.opset`` is the opset being exported and
 
 from __future__ import annotations
 
+import inspect
+
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -224,4 +226,11 @@ def dynamo_translation(fn: Callable, opset: int) -> Callable:
     def translation(*args, **kwargs):
         return fn(DynamoBuilder(opset), *args, **kwargs)
 
+    # The exporter matches a translation to a node by its parameters (torch <= 2.9 passes over one taking *args
+    # for torchlib's own rule of an aten op): show build's, without the builder.
+    try:
+        signature = inspect.signature(fn)
+        translation.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
+    except (TypeError, ValueError):
+        pass
     return translation
