@@ -17,7 +17,6 @@ exporter it records onnxscript ops. ``b.opset`` is the opset being exported and
 from __future__ import annotations
 
 import inspect
-
 from collections.abc import Callable, Sequence
 from typing import Any
 
