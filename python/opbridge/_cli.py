@@ -88,6 +88,8 @@ def coverage_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log", type=Path, help="append the workers' stderr here")
     parser.add_argument("--case", help="replay one case by its id, in this process, printing everything")
     parser.add_argument("--report-from", type=Path, help="rewrite --markdown/--json from a JSON report, no sweep")
+    parser.add_argument("--update", type=Path,
+                        help="a full JSON report whose cases of the selected --ops this sweep replaces")  # fmt: skip
     parser.add_argument("--worker", choices=["without", "with"], help=argparse.SUPPRESS)
     return parser
 

@@ -840,7 +840,12 @@ def markdown(results: Sequence[CaseResult], meta: dict) -> str:
         "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["environment"].items()) + ".",
         f"Sweep: {meta['ops']} ops ({meta['units']} op x dtype units), up to {meta['samples']} samples each, "
         f"{len(results)} cases in {meta['seconds'] / 60:.1f} min on {meta['jobs']} worker(s); "
-        f"per-case timeout {meta['timeout']:.0f} s.",
+        f"per-case timeout {meta['timeout']:.0f} s."
+        + (
+            f" Re-swept since with the current rules (`--update`): {', '.join(meta['updated'])}."
+            if meta.get("updated")
+            else ""
+        ),
         "",
         "Replay any case: `python -m opbridge coverage --case ID` (ids in reports/coverage.json and below).",
         "",
@@ -909,6 +914,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         document = json.loads(args.report_from.read_text())
         results = [CaseResult(**case) for case in document["cases"]]
         meta = {key: document[key] for key in ("environment", "ops", "units", "samples", "seconds", "jobs", "timeout")}
+        meta["updated"] = document.get("updated", [])
         _write_reports(results, meta, args.json, args.markdown)
         return 0
     import warnings
@@ -929,6 +935,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     meta = {"environment": parity.environment(), "ops": len(chosen), "units": len(units), "samples": args.samples,
             "seconds": seconds, "jobs": args.jobs, "timeout": args.timeout}  # fmt: skip
+    if args.update:  # the selected ops' cases replace theirs in an earlier full report; the rest is kept
+        document = json.loads(args.update.read_text())
+        swept = {op.key for op in chosen}
+        kept = [CaseResult(**case) for case in document["cases"] if case["op"] not in swept]
+        meta = {key: document[key] for key in ("environment", "ops", "units", "samples", "seconds", "jobs", "timeout")}
+        meta["updated"] = sorted(set(document.get("updated", [])) | swept)
+        results = kept + results
     order = {mode: k for k, mode in enumerate(MODES)}
     results.sort(key=lambda r: (order[r.mode], r.op, r.dtype, r.sample, _config_order(f"{r.exporter} {r.opset}")))
     _write_reports(results, meta, args.json, args.markdown)
