@@ -21,7 +21,7 @@ from opbridge import coverage
 # mapped op that is not ok with opbridge fails the guard.
 _MAPPED_LIMITS = {
     "scatter_reduce": "ScatterElements has reductions from opset 16 (max/min from 18)",
-    "floor_divide": "the rule needs Mod's fmod from opset 10; integer division by zero is undefined in ORT",
+    "floor_divide": "floats need Mod's fmod from opset 10; integer division by zero is undefined in ORT",
     "torchvision.roi_align": "aligned=True needs opset >= 16; ORT has no RoiAlign-22 kernel (opset >= 22 models)",
     "torchvision.ps_roi_align": "RoiAlign's half_pixel mode needs opset >= 16; ORT has no RoiAlign-22 kernel",
 }

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from .. import specs
+from ..specs import LoweringError
 
 _ONNX_TYPES = {torch.float32: 1, torch.float64: 11, torch.float16: 10, torch.int64: 7, torch.int32: 6,
                torch.int16: 5, torch.int8: 3, torch.uint8: 2}  # fmt: skip
@@ -32,6 +33,9 @@ def _floor_divide(b, self, other):
         result = a_type if a_type.is_floating_point else torch.float32  # torch's promotion of a scalar divisor
     else:
         result = a_type
+    if result.is_floating_point and b.opset < 10:
+        raise LoweringError("floor_divide export of floating-point values needs ONNX Mod (fmod), opset >= 10; "
+                            "torch's own rule below it truncates instead of flooring")  # fmt: skip
     a = self if a_type == result else b.op("Cast", self, to=_ONNX_TYPES[result])
     d = other if b_type == result else b.op("Cast", other, to=_ONNX_TYPES[result])
     zero = b.op("Cast", b.constant(0), to=_ONNX_TYPES[result])
@@ -42,8 +46,12 @@ def _floor_divide(b, self, other):
     else:
         quotient = b.op("Div", a, d)  # truncated
         remainder = b.op("Sub", a, b.op("Mul", quotient, d))
+
+    def nonzero(value):  # Less/Greater: Equal takes floats only from opset 11
+        return b.op("Or", b.op("Less", value, zero), b.op("Greater", value, zero))
+
     signs_differ = b.op("Xor", b.op("Less", remainder, zero), b.op("Less", d, zero))
-    adjust = b.op("And", b.op("Not", b.op("Equal", remainder, zero)), signs_differ)
+    adjust = b.op("And", nonzero(remainder), signs_differ)
     quotient = b.op("Where", adjust, b.op("Sub", quotient, one), quotient)
     if not result.is_floating_point:
         return quotient
@@ -51,7 +59,7 @@ def _floor_divide(b, self, other):
     half = b.op("Cast", b.constant_like(0.5, a) if a_type == result else b.op("Constant", value_float=0.5),
                 to=_ONNX_TYPES[result])  # fmt: skip
     floored = b.op("Where", b.op("Greater", b.op("Sub", quotient, floored), half), b.op("Add", floored, one), floored)
-    return b.op("Where", b.op("Equal", d, zero), b.op("Div", a, d), floored)
+    return b.op("Where", b.op("Not", nonzero(d)), b.op("Div", a, d), floored)
 
 
 class _FloorDivide(torch.nn.Module):
@@ -89,13 +97,19 @@ specs.register(
         name="floor_divide",
         torch_op="aten::floor_divide",
         doc="aten::floor_divide (a // b) -> Div/Mod with floor rounding (torch's TorchScript-exporter rule truncates)",
-        lowerings=[specs.Lowering("standard", _floor_divide, min_opset=10, note="Div, Mod, Where")],
+        lowerings=[
+            specs.Lowering("standard", _floor_divide, min_opset=9, note="Div, Mod (floats, opset >= 10), Where")
+        ],
         dtypes=(torch.float32, torch.float64, torch.int64, torch.int32),
         call_paths={"tensor": _FloorDivide, "scalar": _FloorDivideScalar},
         sample_inputs=_sample_inputs,
         input_names=("x", "y"),
         reference=_reference,
-        known_gaps=lambda cell: "the rule uses Mod(fmod) from opset 10" if cell.opset < 10 else None,
+        known_gaps=lambda cell: (
+            "floats need Mod (fmod, opset >= 10): the export raises below it"
+            if cell.opset < 10 and cell.dtype.startswith("float")
+            else None
+        ),
         # torch's dynamo rule floors a / b, which is one too large where a / b rounds up to an integer (1 // 0.1)
         dynamo_overrides_torch=True,
     )
