@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import specs
+from ..onnx.builder import ONNX_TYPES
 
 
 def unary_module(fn):
@@ -33,7 +34,7 @@ def float_unary(onnx_op: str):
             floating = b.dtype(x).is_floating_point
         except specs.LoweringError:  # the exporter does not know the dtype: leave it as it is
             floating = True
-        return b.op(onnx_op, x if floating else b.op("Cast", x, to=1))  # onnx.TensorProto.FLOAT
+        return b.op(onnx_op, x if floating else b.op("Cast", x, to=ONNX_TYPES[torch.float32]))
 
     return build
 

@@ -16,10 +16,8 @@ from __future__ import annotations
 import torch
 
 from .. import specs
+from ..onnx.builder import ONNX_TYPES as _ONNX_TYPES
 from ..specs import LoweringError
-
-_ONNX_TYPES = {torch.float32: 1, torch.float64: 11, torch.float16: 10, torch.int64: 7, torch.int32: 6,
-               torch.int16: 5, torch.int8: 3, torch.uint8: 2}  # fmt: skip
 
 
 def _floor_divide(b, self, other):

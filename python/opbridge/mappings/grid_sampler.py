@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .. import specs
+from ..onnx.builder import ONNX_TYPES
 from ..specs import LoweringError
 
 _MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
@@ -137,9 +138,7 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
 
 
 def _onnx_float(b, like) -> int:
-    import onnx
-
-    return {torch.float32: onnx.TensorProto.FLOAT, torch.float64: onnx.TensorProto.DOUBLE}[b.dtype(like)]
+    return ONNX_TYPES[b.dtype(like)]
 
 
 class _GridSample(torch.nn.Module):

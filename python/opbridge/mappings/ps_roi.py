@@ -21,11 +21,12 @@ import math
 import torch
 
 from .. import specs
+from ..onnx.builder import ONNX_TYPES
 from ..specs import LoweringError
 from . import roi_align, roi_pool
 
-_DOUBLE, _INT64, _INT32 = 11, 7, 6  # onnx.TensorProto element types
-_ELEMENT = {torch.float32: 1, torch.float64: 11}
+_DOUBLE, _INT64, _INT32 = (ONNX_TYPES[t] for t in (torch.float64, torch.int64, torch.int32))
+_ELEMENT = ONNX_TYPES
 
 
 def _geometry(b, input, pooled_height, pooled_width, op: str):

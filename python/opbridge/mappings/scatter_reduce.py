@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from .. import specs
+from ..onnx.builder import ONNX_TYPES
 from ..specs import LoweringError
 
 _REDUCTIONS = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min", "mean": "add"}
@@ -62,7 +63,7 @@ def _scatter_reduce(b, self, dim, index, src, reduce, include_self=True):
         if reduce == "mean":
             raise LoweringError("scatter_reduce export: torch has no reduce='mean' of bools")
         # 0/1 as int32: sum and amax are OR, prod and amin AND once cast back (non-zero -> True).
-        int32 = 6  # onnx.TensorProto.INT32
+        int32 = ONNX_TYPES[torch.int32]
         self, src, dtype = b.op("Cast", self, to=int32), b.op("Cast", src, to=int32), torch.int32
     index_shape = b.op("Shape", index)
     rank = len(b.static_shape(index) or []) or None
@@ -82,7 +83,7 @@ def _scatter_reduce(b, self, dim, index, src, reduce, include_self=True):
     base = self if include_self else scatter(self, filled(_identity(b, reduce, self, dtype)), "none")
     total = scatter(base, updates, _REDUCTIONS[reduce])
     if boolean:
-        return b.op("Cast", total, to=9)  # onnx.TensorProto.BOOL
+        return b.op("Cast", total, to=ONNX_TYPES[torch.bool])
     if reduce != "mean":
         return total
     one = _identity(b, "prod", self, dtype)
