@@ -30,10 +30,45 @@ list(GET _torch_info 2 _torch_includes)
 list(GET _torch_info 3 _torch_libdirs)
 string(REPLACE "," ";" _torch_includes "${_torch_includes}")
 string(REPLACE "," ";" _torch_libdirs "${_torch_libdirs}")
-message(STATUS "opbridge: building against torch ${OPBRIDGE_TORCH_VERSION} (${Python_EXECUTABLE})")
 
+# Which torch layer (cpp/torch/api.h) the ops are built on: STABLE, the LibTorch stable ABI (one build for torch
+# 2.10 and every later release), or CLASSIC, ATen (a build for exactly this torch). AUTO: STABLE from torch 2.10.
+# The environment variable OPBRIDGE_TORCH_ABI (stable/classic) sets it for wheel builds; the wheel's metadata
+# (cmake/opbridge_metadata.py) follows the same rule.
+set(_abi_default AUTO)
+if(DEFINED ENV{OPBRIDGE_TORCH_ABI})
+  string(TOUPPER "$ENV{OPBRIDGE_TORCH_ABI}" _abi_default)
+endif()
+set(OPBRIDGE_TORCH_ABI ${_abi_default} CACHE STRING "torch layer of the ops: AUTO, STABLE or CLASSIC")
+set_property(CACHE OPBRIDGE_TORCH_ABI PROPERTY STRINGS AUTO STABLE CLASSIC)
+set(OPBRIDGE_TORCH_STABLE_FLOOR 2.10)
+if(OPBRIDGE_TORCH_ABI STREQUAL "AUTO")
+  if(OPBRIDGE_TORCH_VERSION VERSION_GREATER_EQUAL OPBRIDGE_TORCH_STABLE_FLOOR)
+    set(OPBRIDGE_TORCH_LAYER STABLE)
+  else()
+    set(OPBRIDGE_TORCH_LAYER CLASSIC)
+  endif()
+elseif(OPBRIDGE_TORCH_ABI MATCHES "^(STABLE|CLASSIC)$")
+  set(OPBRIDGE_TORCH_LAYER ${OPBRIDGE_TORCH_ABI})
+else()
+  message(FATAL_ERROR "opbridge: OPBRIDGE_TORCH_ABI must be AUTO, STABLE or CLASSIC, got '${OPBRIDGE_TORCH_ABI}'")
+endif()
+if(OPBRIDGE_TORCH_LAYER STREQUAL "STABLE" AND OPBRIDGE_TORCH_VERSION VERSION_LESS OPBRIDGE_TORCH_STABLE_FLOOR)
+  message(FATAL_ERROR "opbridge: the stable-ABI build needs torch >= ${OPBRIDGE_TORCH_STABLE_FLOOR} to build against, "
+                      "found ${OPBRIDGE_TORCH_VERSION}; build CLASSIC for this torch (OPBRIDGE_TORCH_ABI=classic)")
+endif()
+message(STATUS "opbridge: building against torch ${OPBRIDGE_TORCH_VERSION} (${Python_EXECUTABLE}), "
+               "torch layer ${OPBRIDGE_TORCH_LAYER}")
+
+# The stable build needs only libtorch_cpu (the C shim); the classic one links what ATen, the dispatcher and
+# torch's pybind11 casters live in.
+if(OPBRIDGE_TORCH_LAYER STREQUAL "STABLE")
+  set(_torch_library_names torch_cpu)
+else()
+  set(_torch_library_names c10 torch torch_cpu torch_python)
+endif()
 set(_torch_libraries)
-foreach(name c10 torch torch_cpu torch_python)
+foreach(name ${_torch_library_names})
   find_library(_lib_${name} ${name} PATHS ${_torch_libdirs} NO_DEFAULT_PATH NO_CACHE REQUIRED)
   list(APPEND _torch_libraries "${_lib_${name}}")
 endforeach()

@@ -17,7 +17,7 @@ from opbridge import _slices, specs
 
 ROOT = Path(__file__).parent.parent
 OP_MODULES = {module.__name__.rsplit(".", 1)[1]: module for module in _slices.op_modules()}
-SCHEMA = re.compile(r'TORCH_LIBRARY_FRAGMENT\(opbridge,\s*\w+\)\s*\{[^}]*?m\.def\(\s*"(\w+)\(', re.S)
+SCHEMA = re.compile(r'OPBRIDGE_LIBRARY_FRAGMENT\(\w+\)\s*\{[^}]*?m\.def\(\s*"(\w+)\(', re.S)
 ORT_OP = re.compile(r"OPBRIDGE_ORT_OP\((\w+),\s*(\d+),")
 
 
@@ -26,7 +26,7 @@ def _snake(name: str) -> str:
 
 
 def _torch_schemas() -> dict[str, Path]:
-    """op name -> the cpp/torch file whose TORCH_LIBRARY_FRAGMENT defines it."""
+    """op name -> the cpp/torch file whose OPBRIDGE_LIBRARY_FRAGMENT (cpp/torch/api.h) defines it."""
     found = {}
     for path in sorted((ROOT / "cpp" / "torch").glob("*.cpp")):
         for name in SCHEMA.findall(path.read_text()):
@@ -78,7 +78,9 @@ def test_every_piece_of_an_op_exists(name):
     assert kernel.is_file(), f"{kernel.relative_to(ROOT)} is missing (the framework-free kernel)"
     torch_file = ROOT / "cpp" / "torch" / f"{name}.cpp"
     assert _torch_schemas().get(name) == torch_file, f"{torch_file.relative_to(ROOT)} must define the schema of {name}"
-    assert f'm.impl("{name}"' in torch_file.read_text(), f"{torch_file.relative_to(ROOT)} registers no CPU kernel"
+    assert f'OPBRIDGE_IMPL(m, "{name}"' in torch_file.read_text(), (
+        f"{torch_file.relative_to(ROOT)} registers no CPU kernel"
+    )
     test_file = ROOT / "tests" / f"test_{name}.py"
     assert test_file.is_file(), f"tests/test_{name}.py is missing"
     # The public names the module lists are published, and nothing else is needed for them.

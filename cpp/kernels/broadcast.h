@@ -59,18 +59,24 @@ inline Status broadcast_shapes(const char* op, const char* a_name, const std::ve
   return {};
 }
 
-// Element strides of a contiguous tensor of `shape`, seen as broadcast to `out_shape`.
-inline std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape,
+// Element strides of a tensor of `shape` with element strides `strides`, seen as broadcast to `out_shape`
+// (0 on broadcast dimensions, as torch's expand gives).
+inline std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
                                               const std::vector<int64_t>& out_shape) {
-  std::vector<int64_t> strides(out_shape.size(), 0);
-  int64_t stride = 1;
+  std::vector<int64_t> result(out_shape.size(), 0);
   for (size_t i = 0; i < shape.size(); ++i) {
     const size_t in_dim = shape.size() - 1 - i;
-    const size_t out_dim = out_shape.size() - 1 - i;
-    strides[out_dim] = shape[in_dim] == 1 ? 0 : stride;
-    stride *= shape[in_dim];
+    result[out_shape.size() - 1 - i] = shape[in_dim] == 1 ? 0 : strides[in_dim];
   }
-  return strides;
+  return result;
+}
+
+// The same for a contiguous tensor.
+inline std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape,
+                                              const std::vector<int64_t>& out_shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
+  return broadcast_strides(shape, strides, out_shape);
 }
 
 // Iteration space of a binary elementwise op with a contiguous output. Dimensions

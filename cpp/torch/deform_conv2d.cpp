@@ -1,20 +1,14 @@
 // opbridge::deform_conv2d: the op's schema (torchvision.ops.deform_conv2d's
 // signature and semantics; groups and offset groups follow from the shapes) and
 // its CPU adapter of kernels/deform_conv2d.h.
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
-#include <ATen/ops/mm.h>
-#include <ATen/ops/zeros.h>
-#include <torch/library.h>
-
 #include <optional>
+#include <tuple>
 
 #include "kernels/deform_conv2d.h"
 #include "kernels/deform_conv2d_backward.h"
+#include "torch/api.h"
 
-TORCH_LIBRARY_FRAGMENT(opbridge, m) {
+OPBRIDGE_LIBRARY_FRAGMENT(m) {
   m.def(
       "deform_conv2d(Tensor input, Tensor offset, Tensor weight, Tensor? bias=None, int[2] stride=1, "
       "int[2] padding=0, int[2] dilation=1, Tensor? mask=None) -> Tensor");
@@ -30,41 +24,47 @@ namespace {
 
 constexpr kernels::DeformConv2dNames kNames{"opbridge::deform_conv2d", "input", "weight", "offset", "mask", "bias"};
 
-std::vector<int64_t> to_vector(c10::IntArrayRef values) { return {values.begin(), values.end()}; }
+using api::IntList;
+using api::Shape;
+using api::Tensor;
+
+std::vector<int64_t> to_vector(IntList values) { return {values.begin(), values.end()}; }
 
 // Checks dtypes, devices and shapes (messages name the op, the argument and the expectation) and
 // returns the kernel's shape.
-kernels::DeformConv2dShape checked_shape(const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
-                                         const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
-                                         c10::IntArrayRef padding, c10::IntArrayRef dilation,
-                                         const std::optional<at::Tensor>& mask) {
-  TORCH_CHECK(input.device().is_cpu(), "opbridge::deform_conv2d: input must be on the CPU, got ", input.device());
+kernels::DeformConv2dShape checked_shape(const Tensor& input, const Tensor& offset, const Tensor& weight,
+                                         const std::optional<Tensor>& bias, IntList stride, IntList padding,
+                                         IntList dilation, const std::optional<Tensor>& mask) {
+  OPBRIDGE_CHECK(api::is_cpu(input), "opbridge::deform_conv2d: input must be on the CPU, got ",
+                 api::device_name(input));
   const auto dtype = input.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
-              "opbridge::deform_conv2d: expected float32 or float64 tensors, got input of dtype ", dtype);
-  std::vector<std::pair<const char*, const at::Tensor*>> tensors{{"offset", &offset}, {"weight", &weight}};
+  OPBRIDGE_CHECK(dtype == api::ScalarType::Float || dtype == api::ScalarType::Double,
+                 "opbridge::deform_conv2d: expected float32 or float64 tensors, got input of dtype ",
+                 api::dtype_name(dtype));
+  std::vector<std::pair<const char*, const Tensor*>> tensors{{"offset", &offset}, {"weight", &weight}};
   if (bias) tensors.emplace_back("bias", &*bias);
   if (mask) tensors.emplace_back("mask", &*mask);
   for (const auto& [name, tensor] : tensors) {
-    TORCH_CHECK(tensor->scalar_type() == dtype, "opbridge::deform_conv2d: ", name, " must have the dtype of input (",
-                dtype, "), got ", tensor->scalar_type());
-    TORCH_CHECK(tensor->device().is_cpu(), "opbridge::deform_conv2d: ", name, " must be on the CPU, got ",
-                tensor->device());
+    OPBRIDGE_CHECK(tensor->scalar_type() == dtype, "opbridge::deform_conv2d: ", name, " must have the dtype of input (",
+                   api::dtype_name(dtype), "), got ", api::dtype_name(tensor->scalar_type()));
+    OPBRIDGE_CHECK(api::is_cpu(*tensor), "opbridge::deform_conv2d: ", name, " must be on the CPU, got ",
+                   api::device_name(*tensor));
   }
-  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
-              "opbridge::deform_conv2d: stride, padding and dilation need 2 values each");
-  TORCH_CHECK(weight.dim() == 4 && offset.dim() == 4,
-              "opbridge::deform_conv2d: weight and offset must be 4-D, got weight of shape ", weight.sizes(),
-              " and offset of shape ", offset.sizes());
-  TORCH_CHECK(weight.size(1) > 0 && weight.size(2) > 0 && weight.size(3) > 0,
-              "opbridge::deform_conv2d: weight must have positive in_channels / groups and kernel size, got shape ",
-              weight.sizes());
-  TORCH_CHECK(input.dim() != 4 || input.size(1) % weight.size(1) == 0, "opbridge::deform_conv2d: weight.shape[1] ",
-              "(in_channels / groups = ", weight.size(1), ") must divide the ", input.size(1),
-              " channels of input; got input of shape ", input.sizes(), " and weight of shape ", weight.sizes());
+  OPBRIDGE_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
+                 "opbridge::deform_conv2d: stride, padding and dilation need 2 values each");
+  OPBRIDGE_CHECK(weight.dim() == 4 && offset.dim() == 4,
+                 "opbridge::deform_conv2d: weight and offset must be 4-D, got weight of shape ", api::shape_of(weight),
+                 " and offset of shape ", api::shape_of(offset));
+  OPBRIDGE_CHECK(weight.size(1) > 0 && weight.size(2) > 0 && weight.size(3) > 0,
+                 "opbridge::deform_conv2d: weight must have positive in_channels / groups and kernel size, got shape ",
+                 api::shape_of(weight));
+  OPBRIDGE_CHECK(input.dim() != 4 || input.size(1) % weight.size(1) == 0,
+                 "opbridge::deform_conv2d: weight.shape[1] (in_channels / groups = ", weight.size(1),
+                 ") must divide the ", input.dim() == 4 ? input.size(1) : 0, " channels of input; got input of shape ",
+                 api::shape_of(input), " and weight of shape ", api::shape_of(weight));
   const int64_t taps = weight.size(2) * weight.size(3);
-  TORCH_CHECK(offset.size(1) % (2 * taps) == 0, "opbridge::deform_conv2d: offset.shape[1] (", offset.size(1),
-              ") must be a multiple of 2 * kernel_h * kernel_w = ", 2 * taps);
+  OPBRIDGE_CHECK(offset.size(1) % (2 * taps) == 0, "opbridge::deform_conv2d: offset.shape[1] (", offset.size(1),
+                 ") must be a multiple of 2 * kernel_h * kernel_w = ", 2 * taps);
 
   kernels::DeformConv2dAttributes attributes;
   attributes.strides = to_vector(stride);
@@ -73,89 +73,74 @@ kernels::DeformConv2dShape checked_shape(const at::Tensor& input, const at::Tens
   attributes.groups = input.dim() == 4 ? input.size(1) / weight.size(1) : 1;
   attributes.offset_groups = offset.size(1) / (2 * taps);
   kernels::DeformConv2dShape shape;
-  const auto bias_shape = bias ? to_vector(bias->sizes()) : std::vector<int64_t>{};
-  const auto mask_shape = mask ? to_vector(mask->sizes()) : std::vector<int64_t>{};
-  const auto status = kernels::check_deform_conv2d(kNames, to_vector(input.sizes()), to_vector(weight.sizes()),
-                                                   to_vector(offset.sizes()), mask ? &mask_shape : nullptr,
-                                                   bias ? &bias_shape : nullptr, attributes, shape);
-  TORCH_CHECK(status.ok(), status.message);
-
+  const auto bias_shape = bias ? api::sizes(*bias) : std::vector<int64_t>{};
+  const auto mask_shape = mask ? api::sizes(*mask) : std::vector<int64_t>{};
+  const auto status =
+      kernels::check_deform_conv2d(kNames, api::sizes(input), api::sizes(weight), api::sizes(offset),
+                                   mask ? &mask_shape : nullptr, bias ? &bias_shape : nullptr, attributes, shape);
+  OPBRIDGE_CHECK(status.ok(), status.message);
   return shape;
 }
 
-const auto parallel_for = [](int64_t tasks, const auto& task) {
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) task(t);
-  });
-};
+const auto parallel_for = [](int64_t tasks, const auto& task) { api::parallel_for(tasks, task); };
 
-// torch's own BLAS (MKL or OpenBLAS through at::mm) on strided views: inside a parallel region it runs on the
-// calling thread. c[m, n] = a[m, k] * b[n, k]^T.
-template <class T>
-auto make_gemm(const at::TensorOptions& options) {
-  return
-      [options](int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
-        auto c_t = at::from_blob(c, {m, n}, {ldc, 1}, options);
-        at::mm_out(c_t, at::from_blob(const_cast<T*>(a), {m, k}, {lda, 1}, options),
-                   at::from_blob(const_cast<T*>(b), {n, k}, {ldb, 1}, options).t());
-      };
-}
-
-at::Tensor deform_conv2d_cpu(const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
-                             const std::optional<at::Tensor>& bias, c10::IntArrayRef stride, c10::IntArrayRef padding,
-                             c10::IntArrayRef dilation, const std::optional<at::Tensor>& mask) {
+Tensor deform_conv2d_cpu(const Tensor& input, const Tensor& offset, const Tensor& weight,
+                         const std::optional<Tensor>& bias, IntList stride, IntList padding, IntList dilation,
+                         const std::optional<Tensor>& mask) {
   const auto shape = checked_shape(input, offset, weight, bias, stride, padding, dilation, mask);
   const auto dtype = input.scalar_type();
-  const auto x = input.contiguous(), w = weight.contiguous(), o = offset.contiguous();
-  const auto m = mask ? mask->contiguous() : at::Tensor();
-  const auto b = bias ? bias->contiguous() : at::Tensor();
-  auto out = at::empty({shape.batch, shape.out_channels, shape.out_h, shape.out_w}, input.options());
+  const auto x = api::contiguous(input), w = api::contiguous(weight), o = api::contiguous(offset);
+  const auto m = mask ? std::optional<Tensor>(api::contiguous(*mask)) : std::nullopt;
+  const auto b = bias ? std::optional<Tensor>(api::contiguous(*bias)) : std::nullopt;
+  auto out = api::empty({shape.batch, shape.out_channels, shape.out_h, shape.out_w}, dtype);
   if (out.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES(dtype, "opbridge::deform_conv2d", [&] {
-    kernels::deform_conv2d(x.const_data_ptr<scalar_t>(), w.const_data_ptr<scalar_t>(), o.const_data_ptr<scalar_t>(),
-                           mask ? m.const_data_ptr<scalar_t>() : nullptr, bias ? b.const_data_ptr<scalar_t>() : nullptr,
-                           out.mutable_data_ptr<scalar_t>(), shape, parallel_for, make_gemm<scalar_t>(input.options()));
+  api::dispatch_floating(dtype, "opbridge::deform_conv2d", [&](auto tag) {
+    using T = decltype(tag);
+    kernels::deform_conv2d(api::data<T>(x), api::data<T>(w), api::data<T>(o), m ? api::data<T>(*m) : nullptr,
+                           b ? api::data<T>(*b) : nullptr, api::data<T>(out), shape, parallel_for, api::gemm<T>());
   });
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_conv2d_backward_cpu(
-    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias, c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
-    const std::optional<at::Tensor>& mask) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_cpu(
+    const Tensor& grad_out, const Tensor& input, const Tensor& offset, const Tensor& weight,
+    const std::optional<Tensor>& bias, IntList stride, IntList padding, IntList dilation,
+    const std::optional<Tensor>& mask) {
   const auto shape = checked_shape(input, offset, weight, bias, stride, padding, dilation, mask);
   const std::vector<int64_t> out_shape{shape.batch, shape.out_channels, shape.out_h, shape.out_w};
-  TORCH_CHECK(grad_out.device().is_cpu() && grad_out.scalar_type() == input.scalar_type(),
-              "opbridge::deform_conv2d_backward: grad_out must be a CPU tensor of the input's dtype (",
-              input.scalar_type(), "), got ", grad_out.scalar_type(), " on ", grad_out.device());
-  TORCH_CHECK(grad_out.sizes() == c10::IntArrayRef(out_shape), "opbridge::deform_conv2d_backward: grad_out must ",
-              "have the output's shape ", c10::IntArrayRef(out_shape), ", got ", grad_out.sizes());
-  const auto x = input.contiguous(), w = weight.contiguous(), o = offset.contiguous(), g = grad_out.contiguous();
-  const auto m = mask ? mask->contiguous() : at::Tensor();
-  auto grad_input = at::empty(x.sizes(), x.options()), grad_offset = at::zeros(o.sizes(), o.options());
-  auto grad_weight = at::empty(w.sizes(), w.options());
-  auto grad_bias = bias ? at::empty({shape.out_channels}, w.options()) : at::empty({0}, w.options());
-  auto grad_mask = mask ? at::zeros(m.sizes(), m.options()) : at::empty({0}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opbridge::deform_conv2d_backward", [&] {
-    kernels::DeformConv2dGrads<scalar_t> grads;
-    grads.input = grad_input.mutable_data_ptr<scalar_t>();
-    grads.offset = grad_offset.mutable_data_ptr<scalar_t>();
-    grads.weight = grad_weight.mutable_data_ptr<scalar_t>();
-    grads.bias = bias ? grad_bias.mutable_data_ptr<scalar_t>() : nullptr;
-    grads.mask = mask ? grad_mask.mutable_data_ptr<scalar_t>() : nullptr;
-    kernels::deform_conv2d_backward(x.const_data_ptr<scalar_t>(), w.const_data_ptr<scalar_t>(),
-                                    o.const_data_ptr<scalar_t>(), mask ? m.const_data_ptr<scalar_t>() : nullptr,
-                                    g.const_data_ptr<scalar_t>(), shape, grads, parallel_for,
-                                    make_gemm<scalar_t>(input.options()));
+  const auto dtype = input.scalar_type();
+  OPBRIDGE_CHECK(api::is_cpu(grad_out) && grad_out.scalar_type() == dtype,
+                 "opbridge::deform_conv2d_backward: grad_out must be a CPU tensor of the input's dtype (",
+                 api::dtype_name(dtype), "), got ", api::dtype_name(grad_out.scalar_type()), " on ",
+                 api::device_name(grad_out));
+  OPBRIDGE_CHECK(api::sizes(grad_out) == out_shape, "opbridge::deform_conv2d_backward: grad_out must ",
+                 "have the output's shape ", Shape{out_shape}, ", got ", api::shape_of(grad_out));
+  const auto x = api::contiguous(input), w = api::contiguous(weight), o = api::contiguous(offset);
+  const auto g = api::contiguous(grad_out);
+  const auto m = mask ? std::optional<Tensor>(api::contiguous(*mask)) : std::nullopt;
+  auto grad_input = api::empty(api::sizes(x), dtype), grad_offset = api::zeros(api::sizes(o), dtype);
+  auto grad_weight = api::empty(api::sizes(w), dtype);
+  auto grad_bias = api::empty({bias ? shape.out_channels : 0}, dtype);
+  auto grad_mask = m ? api::zeros(api::sizes(*m), dtype) : api::empty({0}, dtype);
+  api::dispatch_floating(dtype, "opbridge::deform_conv2d_backward", [&](auto tag) {
+    using T = decltype(tag);
+    kernels::DeformConv2dGrads<T> grads;
+    grads.input = api::data<T>(grad_input);
+    grads.offset = api::data<T>(grad_offset);
+    grads.weight = api::data<T>(grad_weight);
+    grads.bias = bias ? api::data<T>(grad_bias) : nullptr;
+    grads.mask = mask ? api::data<T>(grad_mask) : nullptr;
+    kernels::deform_conv2d_backward(api::data<T>(x), api::data<T>(w), api::data<T>(o), m ? api::data<T>(*m) : nullptr,
+                                    api::data<T>(g), shape, grads, parallel_for, api::gemm<T>());
   });
   return {grad_input, grad_offset, grad_weight, grad_bias, grad_mask};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opbridge, CPU, m) {
-  m.impl("deform_conv2d", &deform_conv2d_cpu);
-  m.impl("deform_conv2d_backward", &deform_conv2d_backward_cpu);
+OPBRIDGE_LIBRARY_IMPL_CPU(m) {
+  OPBRIDGE_IMPL(m, "deform_conv2d", deform_conv2d_cpu);
+  OPBRIDGE_IMPL(m, "deform_conv2d_backward", deform_conv2d_backward_cpu);
 }
 
 }  // namespace opbridge

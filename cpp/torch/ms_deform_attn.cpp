@@ -1,18 +1,13 @@
 // opbridge::ms_deform_attn: multi-scale deformable attention (Deformable DETR's
 // MSDeformAttnFunction, mmcv's MultiScaleDeformableAttnFunction) and its backward,
 // CPU adapters of kernels/ms_deform_attn.h.
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <torch/library.h>
-
 #include <tuple>
 #include <vector>
 
 #include "kernels/ms_deform_attn.h"
+#include "torch/api.h"
 
-TORCH_LIBRARY_FRAGMENT(opbridge, m) {
+OPBRIDGE_LIBRARY_FRAGMENT(m) {
   m.def(
       "ms_deform_attn(Tensor value, Tensor spatial_shapes, Tensor level_start_index, Tensor sampling_locations, "
       "Tensor attention_weights) -> Tensor");
@@ -30,106 +25,109 @@ constexpr kernels::MSDeformAttnNames kNames{"opbridge::ms_deform_attn", "value",
                                             "spatial_shapes",           "level_start_index",
                                             "sampling_locations",       "attention_weights"};
 
-std::vector<int64_t> sizes(const at::Tensor& tensor) { return {tensor.sizes().begin(), tensor.sizes().end()}; }
+using api::Shape;
+using api::Tensor;
 
 // The checked inputs: floating tensors contiguous, the level table as int64 on the CPU.
 struct Inputs {
-  at::Tensor value, spatial_shapes, level_start_index, sampling_locations, attention_weights;
+  Tensor value, spatial_shapes, level_start_index, sampling_locations, attention_weights;
   kernels::MSDeformAttnShape shape;
 };
 
-Inputs checked(const at::Tensor& value, const at::Tensor& spatial_shapes, const at::Tensor& level_start_index,
-               const at::Tensor& sampling_locations, const at::Tensor& attention_weights) {
+Inputs checked(const Tensor& value, const Tensor& spatial_shapes, const Tensor& level_start_index,
+               const Tensor& sampling_locations, const Tensor& attention_weights) {
   const auto dtype = value.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
-              "opbridge::ms_deform_attn: expected float32 or float64 tensors, got value of dtype ", dtype);
+  OPBRIDGE_CHECK(dtype == api::ScalarType::Float || dtype == api::ScalarType::Double,
+                 "opbridge::ms_deform_attn: expected float32 or float64 tensors, got value of dtype ",
+                 api::dtype_name(dtype));
   for (const auto& [name, tensor] :
        {std::pair{"sampling_locations", &sampling_locations}, std::pair{"attention_weights", &attention_weights}}) {
-    TORCH_CHECK(tensor->scalar_type() == dtype, "opbridge::ms_deform_attn: ", name, " must have the dtype of value (",
-                dtype, "), got ", tensor->scalar_type());
+    OPBRIDGE_CHECK(tensor->scalar_type() == dtype, "opbridge::ms_deform_attn: ", name,
+                   " must have the dtype of value (", api::dtype_name(dtype), "), got ",
+                   api::dtype_name(tensor->scalar_type()));
   }
   for (const auto& [name, tensor] :
        {std::pair{"value", &value}, std::pair{"spatial_shapes", &spatial_shapes},
         std::pair{"level_start_index", &level_start_index}, std::pair{"sampling_locations", &sampling_locations},
         std::pair{"attention_weights", &attention_weights}}) {
-    TORCH_CHECK(tensor->device().is_cpu(), "opbridge::ms_deform_attn: ", name, " must be on the CPU, got ",
-                tensor->device());
+    OPBRIDGE_CHECK(api::is_cpu(*tensor), "opbridge::ms_deform_attn: ", name, " must be on the CPU, got ",
+                   api::device_name(*tensor));
   }
   for (const auto& [name, tensor] :
        {std::pair{"spatial_shapes", &spatial_shapes}, std::pair{"level_start_index", &level_start_index}}) {
-    TORCH_CHECK(at::isIntegralType(tensor->scalar_type(), /*includeBool=*/false), "opbridge::ms_deform_attn: ", name,
-                " must be an integer tensor (int64), got ", tensor->scalar_type());
+    OPBRIDGE_CHECK(api::is_integral(tensor->scalar_type()), "opbridge::ms_deform_attn: ", name,
+                   " must be an integer tensor (int64), got ", api::dtype_name(tensor->scalar_type()));
   }
-  Inputs in{value.contiguous(),
-            spatial_shapes.to(at::kLong).contiguous(),
-            level_start_index.to(at::kLong).contiguous(),
-            sampling_locations.contiguous(),
-            attention_weights.contiguous(),
+  Inputs in{api::contiguous(value),
+            api::contiguous(api::to(spatial_shapes, api::ScalarType::Long)),
+            api::contiguous(api::to(level_start_index, api::ScalarType::Long)),
+            api::contiguous(sampling_locations),
+            api::contiguous(attention_weights),
             {}};
-  TORCH_CHECK(in.spatial_shapes.dim() == 2 && in.spatial_shapes.size(1) == 2 && in.spatial_shapes.size(0) >= 1 &&
-                  in.level_start_index.dim() == 1 && in.level_start_index.size(0) == in.spatial_shapes.size(0),
-              "opbridge::ms_deform_attn: spatial_shapes must have shape [levels, 2] (levels >= 1) and ",
-              "level_start_index shape [levels], got ", spatial_shapes.sizes(), " and ", level_start_index.sizes());
+  OPBRIDGE_CHECK(in.spatial_shapes.dim() == 2 && in.spatial_shapes.size(1) == 2 && in.spatial_shapes.size(0) >= 1 &&
+                     in.level_start_index.dim() == 1 && in.level_start_index.size(0) == in.spatial_shapes.size(0),
+                 "opbridge::ms_deform_attn: spatial_shapes must have shape [levels, 2] (levels >= 1) and ",
+                 "level_start_index shape [levels], got ", api::shape_of(spatial_shapes), " and ",
+                 api::shape_of(level_start_index));
   const auto status = kernels::check_ms_deform_attn(
-      kNames, sizes(value), sizes(spatial_shapes), sizes(level_start_index), sizes(sampling_locations),
-      sizes(attention_weights), in.spatial_shapes.const_data_ptr<int64_t>(),
-      in.level_start_index.const_data_ptr<int64_t>(), in.shape);
-  TORCH_CHECK(status.ok(), status.message);
+      kNames, api::sizes(value), api::sizes(spatial_shapes), api::sizes(level_start_index),
+      api::sizes(sampling_locations), api::sizes(attention_weights), api::data<int64_t>(in.spatial_shapes),
+      api::data<int64_t>(in.level_start_index), in.shape);
+  OPBRIDGE_CHECK(status.ok(), status.message);
   return in;
 }
 
-const auto parallel_for = [](int64_t tasks, const auto& task) {
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) task(t);
-  });
-};
+const auto parallel_for = [](int64_t tasks, const auto& task) { api::parallel_for(tasks, task); };
 
-at::Tensor ms_deform_attn_cpu(const at::Tensor& value, const at::Tensor& spatial_shapes,
-                              const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
-                              const at::Tensor& attention_weights) {
+Tensor ms_deform_attn_cpu(const Tensor& value, const Tensor& spatial_shapes, const Tensor& level_start_index,
+                          const Tensor& sampling_locations, const Tensor& attention_weights) {
   const auto in = checked(value, spatial_shapes, level_start_index, sampling_locations, attention_weights);
   const auto& s = in.shape;
-  auto out = at::empty({s.batch, s.queries, s.heads * s.channels}, value.options());
+  auto out = api::empty({s.batch, s.queries, s.heads * s.channels}, value.scalar_type());
   if (out.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES(value.scalar_type(), "opbridge::ms_deform_attn", [&] {
-    kernels::ms_deform_attn(
-        in.value.const_data_ptr<scalar_t>(), in.spatial_shapes.const_data_ptr<int64_t>(),
-        in.level_start_index.const_data_ptr<int64_t>(), in.sampling_locations.const_data_ptr<scalar_t>(),
-        in.attention_weights.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), s, parallel_for);
+  api::dispatch_floating(value.scalar_type(), "opbridge::ms_deform_attn", [&](auto tag) {
+    using T = decltype(tag);
+    kernels::ms_deform_attn(api::data<T>(in.value), api::data<int64_t>(in.spatial_shapes),
+                            api::data<int64_t>(in.level_start_index), api::data<T>(in.sampling_locations),
+                            api::data<T>(in.attention_weights), api::data<T>(out), s, parallel_for);
   });
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_cpu(
-    const at::Tensor& grad_output, const at::Tensor& value, const at::Tensor& spatial_shapes,
-    const at::Tensor& level_start_index, const at::Tensor& sampling_locations, const at::Tensor& attention_weights) {
+std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cpu(const Tensor& grad_output, const Tensor& value,
+                                                               const Tensor& spatial_shapes,
+                                                               const Tensor& level_start_index,
+                                                               const Tensor& sampling_locations,
+                                                               const Tensor& attention_weights) {
   const auto in = checked(value, spatial_shapes, level_start_index, sampling_locations, attention_weights);
   const auto& s = in.shape;
   const std::vector<int64_t> out_shape{s.batch, s.queries, s.heads * s.channels};
-  TORCH_CHECK(grad_output.device().is_cpu() && grad_output.scalar_type() == value.scalar_type(),
-              "opbridge::ms_deform_attn_backward: grad_output must be a CPU tensor of value's dtype (",
-              value.scalar_type(), "), got ", grad_output.scalar_type(), " on ", grad_output.device());
-  TORCH_CHECK(grad_output.sizes() == c10::IntArrayRef(out_shape), "opbridge::ms_deform_attn_backward: grad_output ",
-              "must have the output's shape ", c10::IntArrayRef(out_shape), ", got ", grad_output.sizes());
-  const auto g = grad_output.contiguous();
-  auto grad_value = at::zeros(value.sizes(), value.options());
-  auto grad_locations = at::empty(sampling_locations.sizes(), sampling_locations.options());
-  auto grad_weights = at::empty(attention_weights.sizes(), attention_weights.options());
-  AT_DISPATCH_FLOATING_TYPES(value.scalar_type(), "opbridge::ms_deform_attn_backward", [&] {
-    kernels::ms_deform_attn_backward(
-        g.const_data_ptr<scalar_t>(), in.value.const_data_ptr<scalar_t>(), in.spatial_shapes.const_data_ptr<int64_t>(),
-        in.level_start_index.const_data_ptr<int64_t>(), in.sampling_locations.const_data_ptr<scalar_t>(),
-        in.attention_weights.const_data_ptr<scalar_t>(), s, grad_value.mutable_data_ptr<scalar_t>(),
-        grad_locations.mutable_data_ptr<scalar_t>(), grad_weights.mutable_data_ptr<scalar_t>(), parallel_for);
+  const auto dtype = value.scalar_type();
+  OPBRIDGE_CHECK(api::is_cpu(grad_output) && grad_output.scalar_type() == dtype,
+                 "opbridge::ms_deform_attn_backward: grad_output must be a CPU tensor of value's dtype (",
+                 api::dtype_name(dtype), "), got ", api::dtype_name(grad_output.scalar_type()), " on ",
+                 api::device_name(grad_output));
+  OPBRIDGE_CHECK(api::sizes(grad_output) == out_shape, "opbridge::ms_deform_attn_backward: grad_output ",
+                 "must have the output's shape ", Shape{out_shape}, ", got ", api::shape_of(grad_output));
+  const auto g = api::contiguous(grad_output);
+  auto grad_value = api::zeros(api::sizes(value), dtype);
+  auto grad_locations = api::empty(api::sizes(sampling_locations), dtype);
+  auto grad_weights = api::empty(api::sizes(attention_weights), dtype);
+  api::dispatch_floating(dtype, "opbridge::ms_deform_attn_backward", [&](auto tag) {
+    using T = decltype(tag);
+    kernels::ms_deform_attn_backward(api::data<T>(g), api::data<T>(in.value), api::data<int64_t>(in.spatial_shapes),
+                                     api::data<int64_t>(in.level_start_index), api::data<T>(in.sampling_locations),
+                                     api::data<T>(in.attention_weights), s, api::data<T>(grad_value),
+                                     api::data<T>(grad_locations), api::data<T>(grad_weights), parallel_for);
   });
   return {grad_value, grad_locations, grad_weights};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opbridge, CPU, m) {
-  m.impl("ms_deform_attn", &ms_deform_attn_cpu);
-  m.impl("ms_deform_attn_backward", &ms_deform_attn_backward_cpu);
+OPBRIDGE_LIBRARY_IMPL_CPU(m) {
+  OPBRIDGE_IMPL(m, "ms_deform_attn", ms_deform_attn_cpu);
+  OPBRIDGE_IMPL(m, "ms_deform_attn_backward", ms_deform_attn_backward_cpu);
 }
 
 }  // namespace opbridge

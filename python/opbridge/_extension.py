@@ -15,6 +15,18 @@ def _public(version: str) -> str:
     return version.split("+", 1)[0]
 
 
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in _public(version).split(".")[:2])
+
+
+def compatible(build_info: ModuleType, torch_version: str) -> bool:
+    """Whether a build loads under `torch_version`: a stable-ABI build (TORCH_ABI "stable") on its floor and every
+    later torch, a classic build only on the torch it was compiled against."""
+    if getattr(build_info, "TORCH_ABI", "classic") == "stable":
+        return _release(torch_version) >= _release(build_info.STABLE_FLOOR)
+    return _public(build_info.TORCH_VERSION) == _public(torch_version)
+
+
 def load() -> ModuleType:
     try:
         build_info = importlib.import_module("opbridge._build_info")
@@ -24,7 +36,14 @@ def load() -> ModuleType:
             f"opbridge must be built, not imported from its source tree. Build and install it with {REINSTALL}"
         ) from error
     built_for = build_info.TORCH_VERSION
-    if _public(built_for) != _public(torch.__version__):
+    if getattr(build_info, "TORCH_ABI", "classic") == "stable" and not compatible(build_info, torch.__version__):
+        raise ImportError(
+            f"this opbridge is built on the LibTorch stable ABI and needs torch >= {build_info.STABLE_FLOOR}, but "
+            f"torch {torch.__version__} is installed. Either upgrade torch, or install the opbridge wheel built for "
+            f"torch {_public(torch.__version__)} (pip install --find-links <wheel directory> opbridge "
+            f"torch=={_public(torch.__version__)}) or build it for this torch: {REINSTALL}"
+        )
+    if not compatible(build_info, torch.__version__):
         raise ImportError(
             f"opbridge was built for torch {built_for}, but torch {torch.__version__} is installed; the "
             f"compiled ops only load under the torch they were built for. Either install torch=="
@@ -34,6 +53,7 @@ def load() -> ModuleType:
         return importlib.import_module("opbridge._C")
     except ImportError as error:
         raise ImportError(
-            f"opbridge's compiled ops (opbridge._C, built for torch {built_for}) failed to load under torch "
+            f"opbridge's compiled ops (opbridge._C, built for torch {built_for}, "
+            f"{getattr(build_info, 'TORCH_ABI', 'classic')} ABI) failed to load under torch "
             f"{torch.__version__}: {error}. Rebuild them: {REINSTALL}"
         ) from error

@@ -1,0 +1,63 @@
+// The classic implementation of cpp/torch/api.h: ATen, TORCH_LIBRARY and torch's pybind11 casters. A build
+// loads only under the torch it was compiled against (the wheels for torch < 2.10).
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+namespace opbridge::api {
+
+using Tensor = at::Tensor;
+using ScalarType = c10::ScalarType;
+using IntList = c10::IntArrayRef;
+
+inline std::vector<int64_t> sizes(const Tensor& tensor) { return tensor.sizes().vec(); }
+inline std::vector<int64_t> strides(const Tensor& tensor) { return tensor.strides().vec(); }
+inline bool is_cpu(const Tensor& tensor) { return tensor.device().is_cpu(); }
+inline bool is_strided(const Tensor& tensor) { return tensor.layout() == at::kStrided; }
+inline std::string device_name(const Tensor& tensor) { return tensor.device().str(); }
+
+inline Tensor empty(const std::vector<int64_t>& shape, ScalarType dtype) {
+  return at::empty(shape, at::TensorOptions().dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
+}
+inline Tensor zeros(const std::vector<int64_t>& shape, ScalarType dtype) {
+  return at::zeros(shape, at::TensorOptions().dtype(dtype));
+}
+inline Tensor contiguous(const Tensor& tensor) { return tensor.contiguous(); }
+inline Tensor to(const Tensor& tensor, ScalarType dtype) { return tensor.to(dtype); }
+
+// at::parallel_for is inline OpenMP in torch's builds (CMake compiles this library with -fopenmp).
+template <class F>
+void parallel_for(int64_t tasks, const F& task) {
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) task(t);
+  });
+}
+
+// torch's own BLAS (MKL or OpenBLAS through at::mm) on strided views: inside a parallel region it runs on the
+// calling thread. c[m, n] = a[m, k] * b[n, k]^T.
+template <class T>
+auto gemm() {
+  return [](int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
+    const auto options = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
+    auto c_t = at::from_blob(c, {m, n}, {ldc, 1}, options);
+    at::mm_out(c_t, at::from_blob(const_cast<T*>(a), {m, k}, {lda, 1}, options),
+               at::from_blob(const_cast<T*>(b), {k, n}, {1, ldb}, options));
+  };
+}
+
+}  // namespace opbridge::api
+
+#define OPBRIDGE_FAIL(message) TORCH_CHECK(false, message)
+#define OPBRIDGE_LIBRARY_FRAGMENT(m) TORCH_LIBRARY_FRAGMENT(opbridge, m)
+#define OPBRIDGE_LIBRARY_IMPL_CPU(m) TORCH_LIBRARY_IMPL(opbridge, CPU, m)
+#define OPBRIDGE_IMPL(m, name, function) m.impl(name, &function)

@@ -1,0 +1,95 @@
+// The stable-ABI implementation of cpp/torch/api.h: torch/csrc/stable only (the build defines TORCH_STABLE_ONLY,
+// which makes any other torch header an error, and TORCH_TARGET_VERSION 2.10, which hides what later torches
+// added). One build loads on torch 2.10 and every later release.
+#pragma once
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/c/shim.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include <array>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace opbridge::api {
+
+using Tensor = torch::stable::Tensor;
+using ScalarType = torch::headeronly::ScalarType;
+using IntList = torch::headeronly::IntHeaderOnlyArrayRef;
+
+inline std::vector<int64_t> sizes(const Tensor& tensor) {
+  const auto values = tensor.sizes();
+  return {values.begin(), values.end()};
+}
+inline std::vector<int64_t> strides(const Tensor& tensor) {
+  const auto values = tensor.strides();
+  return {values.begin(), values.end()};
+}
+inline bool is_cpu(const Tensor& tensor) { return tensor.is_cpu(); }
+inline bool is_strided(const Tensor& tensor) {
+  int32_t layout = -1;
+  return aoti_torch_get_layout(tensor.get(), &layout) == AOTI_TORCH_SUCCESS && layout == aoti_torch_layout_strided();
+}
+inline std::string device_name(const Tensor& tensor) {
+  const auto device = tensor.device();
+  switch (device.type()) {
+    case torch::headeronly::DeviceType::CPU:
+      return "cpu";
+    case torch::headeronly::DeviceType::CUDA:
+      return "cuda:" + std::to_string(device.index());
+    case torch::headeronly::DeviceType::Meta:
+      return "meta";
+    default:
+      return "device type " + std::to_string(static_cast<int>(device.type()));
+  }
+}
+
+inline Tensor empty(const std::vector<int64_t>& shape, ScalarType dtype) {
+  return torch::stable::empty(shape, dtype, std::nullopt, torch::stable::Device(torch::headeronly::DeviceType::CPU),
+                              std::nullopt, torch::headeronly::MemoryFormat::Contiguous);
+}
+inline Tensor zeros(const std::vector<int64_t>& shape, ScalarType dtype) {
+  auto tensor = empty(shape, dtype);
+  torch::stable::zero_(tensor);
+  return tensor;
+}
+inline Tensor contiguous(const Tensor& tensor) { return torch::stable::contiguous(tensor); }
+inline Tensor to(const Tensor& tensor, ScalarType dtype) { return torch::stable::to(tensor, dtype); }
+
+// torch's at::parallel_for behind the stable shim: the same thread pool as torch's own ops.
+template <class F>
+void parallel_for(int64_t tasks, const F& task) {
+  torch::stable::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) task(t);
+  });
+}
+
+// torch's BLAS through the dispatcher (aten::mm.out on views of the caller's memory; the stable surface of 2.10
+// has matmul, which would allocate its result and need a copy). Inside a parallel region it runs on the calling
+// thread. c[m, n] = a[m, k] * b[n, k]^T.
+template <class T>
+auto gemm() {
+  return [](int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
+    constexpr auto dtype = std::is_same_v<T, float> ? ScalarType::Float : ScalarType::Double;
+    const torch::stable::Device cpu(torch::headeronly::DeviceType::CPU);
+    const int64_t a_shape[] = {m, k}, a_strides[] = {lda, 1}, b_shape[] = {k, n}, b_strides[] = {1, ldb};
+    const int64_t c_shape[] = {m, n}, c_strides[] = {ldc, 1};
+    std::array<StableIValue, 3> stack{
+        torch::stable::detail::from(torch::stable::from_blob(const_cast<T*>(a), a_shape, a_strides, cpu, dtype)),
+        torch::stable::detail::from(torch::stable::from_blob(const_cast<T*>(b), b_shape, b_strides, cpu, dtype)),
+        torch::stable::detail::from(torch::stable::from_blob(c, c_shape, c_strides, cpu, dtype))};
+    TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::mm", "out", stack.data(), TORCH_ABI_VERSION));
+    (void)torch::stable::detail::to<Tensor>(stack[0]);  // releases the returned reference to c
+  };
+}
+
+}  // namespace opbridge::api
+
+#define OPBRIDGE_FAIL(message) throw std::runtime_error(message)
+#define OPBRIDGE_LIBRARY_FRAGMENT(m) STABLE_TORCH_LIBRARY_FRAGMENT(opbridge, m)
+#define OPBRIDGE_LIBRARY_IMPL_CPU(m) STABLE_TORCH_LIBRARY_IMPL(opbridge, CPU, m)
+#define OPBRIDGE_IMPL(m, name, function) m.impl(name, TORCH_BOX(&function))
