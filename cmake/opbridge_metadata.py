@@ -7,12 +7,12 @@ Two kinds of wheel come from the same sources (cpp/torch/api.h):
   requires ``torch>=2.10``;
 * a **classic** wheel, built against one older torch X.Y.Z: it loads only there, so it requires ``torch==X.Y.Z``.
 
-Index-ready versions, no local labels (``+torch2.9.1`` is refused by package indexes): all are the release of the
-runtime wheel (python/runtime/pyproject.toml, which the torch wheel requires exactly), with a fourth component naming the torch ABI
-floor, major * 100 + minor: 0.1.0.206 (torch 2.6), 0.1.0.209 (torch 2.9), 0.1.0.210 (stable, torch >= 2.10).
-pip takes the highest version whose requirements hold, so with the installed torch named
-(``pip install --find-links dist opbridge torch==2.9.1``) it picks the wheel that loads under it, and the stable
-wheel wherever it can.
+Index-ready versions, no local labels (``+torch2.9.1`` is refused by package indexes): all are the release of
+the runtime wheel (python/runtime/pyproject.toml, which the torch wheel requires exactly), with a fourth
+component naming the torch ABI floor, major * 100 + minor: 0.1.0.206 (torch 2.6), 0.1.0.209 (torch 2.9),
+0.1.0.210 (stable, torch >= 2.10). pip takes the highest version whose requirements hold, so with the installed
+torch named (``pip install --find-links dist opbridge torch==2.9.1``) it picks the wheel that loads under it, and
+the stable wheel wherever it can.
 
 The kind follows the build's torch (stable from 2.10), or the environment variable OPBRIDGE_TORCH_ABI
 (``stable`` / ``classic``), the same rule as cmake/OpbridgeTorch.cmake.

@@ -72,11 +72,11 @@ def test_bad_inputs_raise_clear_errors(path):
         call(torch.ones(2, 3), torch.ones(4))
     with pytest.raises(
         RuntimeError,
-        match="opbridge::my_add: a and b must have the same dtype, got a: torch.float32 and b: torch.float64",
+        match=r"opbridge::my_add: a and b must have the same dtype, got a: torch\.float32 and b: torch\.float64",
     ):
         call(torch.ones(2), torch.ones(2, dtype=torch.float64))
     with pytest.raises(
-        RuntimeError, match="opbridge::my_add: expected float32, float64 or float16 tensors, got torch.int32"
+        RuntimeError, match=r"opbridge::my_add: expected float32, float64 or float16 tensors, got torch\.int32"
     ):
         call(torch.ones(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32))
 

@@ -1,22 +1,41 @@
-"""Packaging: the wheel is pinned to its torch, and says so when the torch differs."""
+"""Packaging: which torch a build loads under (stable ABI from 2.10, classic builds on their own torch), the wheels'
+versions and requirements, one owner per installed file, and the stable build's use of torch's C shim only.
+
+The matrix (`nox -t matrix`) runs this file against the installed wheels on every supported torch."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata as metadata
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import opbridge
 from opbridge import _extension
 
 ROOT = Path(__file__).parent.parent
+BUILD_INFO = importlib.import_module("opbridge._build_info")
+PUBLIC = torch.__version__.split("+")[0]
+TORCH_RELEASE = tuple(int(p) for p in PUBLIC.split(".")[:2])
 
 
-def test_import_under_another_torch_names_both_versions(monkeypatch):
-    build_info = importlib.import_module("opbridge._build_info")
-    monkeypatch.setattr(build_info, "TORCH_VERSION", "2.6.0")
+@pytest.fixture
+def provider():
+    sys.path.insert(0, str(ROOT / "cmake"))
+    try:
+        yield importlib.import_module("opbridge_metadata")
+    finally:
+        sys.path.remove(str(ROOT / "cmake"))
+
+
+def test_classic_build_under_another_torch_names_both_versions(monkeypatch):
+    monkeypatch.setattr(BUILD_INFO, "TORCH_ABI", "classic")
+    monkeypatch.setattr(BUILD_INFO, "TORCH_VERSION", "2.6.0")
     with pytest.raises(ImportError) as error:
         _extension.load()
     message = str(error.value)
@@ -24,29 +43,144 @@ def test_import_under_another_torch_names_both_versions(monkeypatch):
     assert "install torch==2.6.0" in message and "--no-build-isolation" in message
 
 
+def test_stable_build_under_an_older_torch_names_the_floor(monkeypatch):
+    monkeypatch.setattr(BUILD_INFO, "TORCH_ABI", "stable")
+    monkeypatch.setattr(BUILD_INFO, "STABLE_FLOOR", "99.0")
+    with pytest.raises(ImportError) as error:
+        _extension.load()
+    message = str(error.value)
+    assert "stable ABI" in message and "torch >= 99.0" in message and torch.__version__ in message
+    assert f"--find-links <wheel directory> opbridge torch=={PUBLIC}" in message
+
+
+@pytest.mark.parametrize(
+    ("abi", "built_for", "running", "loads"),
+    [
+        ("stable", "2.10.0", "2.10.0", True),
+        ("stable", "2.10.0", "2.15.0+cu130", True),
+        ("stable", "2.10.0", "3.0.0", True),
+        ("stable", "2.10.0", "2.9.1", False),
+        ("classic", "2.9.1", "2.9.1+cpu", True),
+        ("classic", "2.9.1", "2.9.0", False),
+        ("classic", "2.6.0", "2.10.0", False),
+    ],
+)
+def test_which_torch_a_build_loads_under(monkeypatch, abi, built_for, running, loads):
+    monkeypatch.setattr(BUILD_INFO, "TORCH_ABI", abi)
+    monkeypatch.setattr(BUILD_INFO, "TORCH_VERSION", built_for)
+    monkeypatch.setattr(BUILD_INFO, "STABLE_FLOOR", "2.10")
+    assert _extension.compatible(BUILD_INFO, running) is loads
+
+
 def test_same_release_other_build_is_accepted(monkeypatch):
-    """2.14.1+cpu and 2.14.1+cu130 share the C++ ABI opbridge uses."""
-    build_info = importlib.import_module("opbridge._build_info")
-    monkeypatch.setattr(build_info, "TORCH_VERSION", torch.__version__.split("+")[0] + "+someotherbuild")
+    """2.14.1+cpu and 2.14.1+cu130 share the C++ ABI a classic build uses."""
+    monkeypatch.setattr(BUILD_INFO, "TORCH_ABI", "classic")
+    monkeypatch.setattr(BUILD_INFO, "TORCH_VERSION", PUBLIC + "+someotherbuild")
     assert _extension.load() is importlib.import_module("opbridge._C")
 
 
-def test_metadata_provider_pins_the_build_torch():
-    sys.path.insert(0, str(ROOT / "cmake"))
-    try:
-        provider = importlib.import_module("opbridge_metadata")
-    finally:
-        sys.path.remove(str(ROOT / "cmake"))
-    public = torch.__version__.split("+")[0]
-    assert provider.dynamic_metadata("version", {"base": "0.1.0"}) == f"0.1.0+torch{public}"
-    assert provider.dynamic_metadata("dependencies", {"base": ["numpy"]}) == ["numpy", f"torch=={public}"]
+def test_metadata_provider_versions_and_requirements(provider):
+    release = provider.release()
+    assert release == metadata.version("opbridge-ort"), "the runtime wheel's pyproject.toml holds the release"
+    assert provider.metadata("version", "0.1.0", [], "2.10.0", "stable") == "0.1.0.210"
+    assert provider.metadata("version", "0.1.0", [], "2.15.0", "stable") == "0.1.0.210"
+    assert provider.metadata("version", "0.1.0", [], "2.9.1", "classic") == "0.1.0.209"
+    assert provider.metadata("version", "0.1.0", [], "2.6.0", "classic") == "0.1.0.206"
+    assert provider.metadata("dependencies", "0.1.0", ["numpy"], "2.14.1", "stable") == [
+        "numpy",
+        "opbridge-ort==0.1.0",
+        "torch>=2.10",
+    ]
+    assert provider.metadata("dependencies", "0.1.0", [], "2.9.1", "classic") == [
+        "opbridge-ort==0.1.0",
+        "torch==2.9.1",
+    ]
     with pytest.raises(RuntimeError, match="provides 'version' and 'dependencies'"):
-        provider.dynamic_metadata("name", {})
+        provider.metadata("name", "0.1.0", [], "2.10.0", "stable")
 
 
-def test_installed_metadata_carries_the_pin():
-    from importlib.metadata import requires, version
+def test_metadata_provider_picks_the_layer_as_cmake_does(provider):
+    assert provider.torch_layer("2.10.0") == "stable"
+    assert provider.torch_layer("2.15.0") == "stable"
+    assert provider.torch_layer("2.9.1") == "classic"
+    assert provider.torch_layer("2.14.1", "classic") == "classic"
+    with pytest.raises(RuntimeError, match=r"needs torch >= 2\.10"):
+        provider.torch_layer("2.9.1", "stable")
+    with pytest.raises(RuntimeError, match="auto, stable or classic"):
+        provider.torch_layer("2.14.1", "fast")
+    cmake = (ROOT / "cmake" / "OpbridgeTorch.cmake").read_text()
+    assert f"set(OPBRIDGE_TORCH_STABLE_FLOOR {provider.STABLE_FLOOR[0]}.{provider.STABLE_FLOOR[1]})" in cmake
 
-    public = torch.__version__.split("+")[0]
-    assert version("opbridge").endswith(f"+torch{public}")
-    assert f"torch=={public}" in requires("opbridge")
+
+def test_installed_metadata_is_index_ready_and_follows_the_build():
+    version = metadata.version("opbridge")
+    assert "+" not in version, "no local version labels in what users install"
+    release = metadata.version("opbridge-ort")
+    requirements = metadata.requires("opbridge")
+    assert f"opbridge-ort=={release}" in requirements
+    if BUILD_INFO.TORCH_ABI == "stable":
+        assert version == f"{release}.210"
+        assert "torch>=2.10" in requirements
+    else:
+        major, minor = (int(p) for p in BUILD_INFO.TORCH_VERSION.split(".")[:2])
+        assert version == f"{release}.{major * 100 + minor}"
+        assert f"torch=={BUILD_INFO.TORCH_VERSION.split('+')[0]}" in requirements
+
+
+def test_one_owner_per_installed_file():
+    """The torch wheel depends on the runtime wheel instead of carrying opbridge_ort: uninstalling one never
+    removes the other's files."""
+    torch_wheel_files = {str(f) for f in metadata.files("opbridge") or []}
+    runtime_files = {str(f) for f in metadata.files("opbridge-ort") or []}
+    assert not any(f.startswith("opbridge_ort/") for f in torch_wheel_files)
+    assert any(f.startswith("opbridge_ort/libopbridge_ort") for f in runtime_files)
+    assert not any(f.startswith("opbridge/") for f in runtime_files)
+    assert not torch_wheel_files & runtime_files - {f for f in runtime_files if ".dist-info" in f}
+
+
+def test_build_layer_is_the_one_for_this_torch():
+    assert opbridge._C.TORCH_ABI == BUILD_INFO.TORCH_ABI
+    if TORCH_RELEASE >= (2, 10) and BUILD_INFO.TORCH_ABI == "stable":
+        expected = "pyobject" if TORCH_RELEASE >= (2, 14) else "torch.ops"
+        assert expected in opbridge._C.PYTHON_CALL_PATH
+
+
+def _dynamic_symbols(library: Path) -> tuple[list[str], list[str]]:
+    """(NEEDED libraries, undefined dynamic symbols) of an ELF file."""
+    dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    needed = [line.split("[", 1)[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
+    symbols = subprocess.run(
+        ["nm", "-D", "--undefined-only", str(library)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return needed, [s for s in symbols if s not in {"U", "w", "v"}]
+
+
+@pytest.mark.skipif(BUILD_INFO.TORCH_ABI != "stable", reason="the classic build (torch < 2.10) links ATen by design")
+@pytest.mark.skipif(not (shutil.which("readelf") and shutil.which("nm")), reason="needs binutils (readelf, nm)")
+def test_stable_build_uses_only_torchs_c_shim():
+    """TORCH_STABLE_ONLY in effect: the module imports no C++ symbol of c10, ATen or torch (whose ABI changes with
+    every release), links neither libc10, libtorch_python nor an OpenMP runtime, and reaches torch only through
+    the C functions of the stable shim."""
+    library = Path(opbridge._C.__file__)
+    needed, undefined = _dynamic_symbols(library)
+    assert not [n for n in needed if n.startswith(("libc10", "libtorch_python", "libgomp", "libiomp"))], needed
+    cxx_torch = [s for s in undefined if s.startswith(("_ZN3c10", "_ZN2at", "_ZN5torch", "_ZNK3c10", "_ZNK2at"))]
+    assert not cxx_torch, f"C++ symbols of torch in the stable build: {cxx_torch[:10]}"
+    shim = {s.split("@")[0] for s in undefined if s.startswith(("aoti_torch_", "torch_"))}
+    assert {"torch_call_dispatcher", "torch_parallel_for"} <= shim
+
+
+def test_pybind_my_add_takes_and_returns_torch_tensors():
+    """opbridge._C.my_add on whichever path this torch offers (see PYTHON_CALL_PATH): values, autograd through
+    the registered op, and a clear error for a non-tensor."""
+    a = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64)
+    out = opbridge._C.my_add(a, b)
+    assert type(out) is torch.Tensor
+    torch.testing.assert_close(out, 2 * a + b, rtol=0, atol=0)
+    out.sum().backward()
+    torch.testing.assert_close(a.grad, torch.full_like(a, 2.0))
+    with pytest.raises(TypeError, match=r"opbridge::my_add: b must be a torch.Tensor, got int"):
+        opbridge._C.my_add(a, 3)
+    with pytest.raises(RuntimeError, match=r"a and b must have the same dtype, got a: torch.float64"):
+        opbridge._C.my_add(a, b.float())
