@@ -6,6 +6,7 @@
     nox -s lint           ruff and clang-format
     nox -s bench          opbridge's kernels against their baselines (ORT's ops, torch eager, torchvision,
                           the memory-bandwidth and GEMM bounds): docs/benchmarks.md
+    nox -s bench_layers   the torch ops on the stable-ABI layer against the classic layer, same torch
     nox -s coverage       which PyTorch ops export correctly, per exporter and opset, without and with opbridge
                           (PyTorch's op database through both exporters into ORT): docs/coverage.md
     nox -s fuzz           10,000 hostile cases per op target (tests/fuzz.py); `-- --cases N --seed S`
@@ -37,8 +38,9 @@ ROOT = Path(__file__).parent
 # The default versions (see docs/architecture.md): torch's build with working torchvision ops.
 TORCH = "2.14.1"
 TORCHVISION = "0.29.1"
-# scipy-openblas32: the GEMM of the ORT library (cpp/ort/gemm.h), found through the build's Python.
-BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "cmake>=3.21", "ninja", "scipy-openblas32"]
+# scipy-openblas32: the GEMM of the ORT library (cpp/ort/gemm.h), found through the build's Python; pybind11: the
+# stable-ABI build's (torch's own copy serves the classic build).
+BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "cmake>=3.21", "ninja", "scipy-openblas32", "pybind11>=2.12"]
 # Supported torch versions and the torchvision whose compiled ops load with each (None: no such release,
 # or, for 2.13.0, the CPU-only build here, with which torchvision's ops do not load).
 TORCH_MATRIX = {
@@ -102,14 +104,18 @@ def tests(session: nox.Session) -> None:
     session.run("ctest", "--test-dir", str(build_dir), "--output-on-failure")
     # The installed build uses the stable-ABI layer (torch >= 2.10); the classic layer of the older torches'
     # wheels is compiled here against the same torch, so that an op's file breaking either fails CI.
-    classic = ROOT / "build" / "nox-tests-classic"
+    build_classic_layer(session, ROOT / "build" / "nox-tests-classic")
+    session.run("pytest", *session.posargs)
+
+
+def build_classic_layer(session: nox.Session, build_dir: Path) -> None:
+    """The torch ops on the classic layer (cpp/torch/api_classic.h) against the session's torch, with CMake."""
     session.run(
-        "cmake", "-S", str(ROOT), "-B", str(classic), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+        "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
         "-DOPBRIDGE_BUILD_ORT=OFF", "-DOPBRIDGE_BUILD_TESTS=OFF", "-DOPBRIDGE_TORCH_ABI=CLASSIC",
         f"-DPython_EXECUTABLE={session.virtualenv.location}/bin/python",
     )  # fmt: skip
-    session.run("cmake", "--build", str(classic))
-    session.run("pytest", *session.posargs)
+    session.run("cmake", "--build", str(build_dir))
 
 
 @nox.session(default=False)
@@ -170,6 +176,17 @@ def bench(session: nox.Session) -> None:
         "--parity-report", str(ROOT / "reports" / "parity.json"),
         *session.posargs,
     )  # fmt: skip
+
+
+@nox.session(default=False)
+def bench_layers(session: nox.Session) -> None:
+    """The torch ops built on the stable-ABI layer (what the wheel for torch >= 2.10 ships) against the same ops on
+    the classic layer, same torch, alternating processes: reports/bench-layers.json."""
+    install_opbridge(session)
+    classic = ROOT / "build" / "nox-bench-layers-classic"
+    build_classic_layer(session, classic)
+    session.run("python", str(ROOT / "tests" / "bench_layers.py"), "--classic-build", str(classic),
+                "--json", str(ROOT / "reports" / "bench-layers.json"), *session.posargs)  # fmt: skip
 
 
 FUZZ_CASES = "10000"

@@ -64,6 +64,15 @@ message(STATUS "opbridge: building against torch ${OPBRIDGE_TORCH_VERSION} (${Py
 # torch's pybind11 casters live in.
 if(OPBRIDGE_TORCH_LAYER STREQUAL "STABLE")
   set(_torch_library_names torch_cpu)
+  # pybind11 from PyPI: torch's bundled copy refuses TORCH_STABLE_ONLY builds (torch 2.10), and the stable
+  # module passes no torch type through pybind11, so any pybind11 serves it.
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c "import pybind11; print(pybind11.get_include())"
+    OUTPUT_VARIABLE OPBRIDGE_PYBIND11_INCLUDE OUTPUT_STRIP_TRAILING_WHITESPACE
+    RESULT_VARIABLE _pybind11_result ERROR_QUIET)
+  if(NOT _pybind11_result EQUAL 0)
+    message(FATAL_ERROR "opbridge: the stable-ABI build needs pybind11 in ${Python_EXECUTABLE}: pip install pybind11")
+  endif()
 else()
   set(_torch_library_names c10 torch torch_cpu torch_python)
 endif()

@@ -45,13 +45,24 @@ def render(reports: list[dict]) -> tuple[str, int]:
         "",
         "## Runs",
         "",
-        "| run | cells | summary | versions |",
-        "|---|---|---|---|",
+        "| run | opbridge wheel (SHA-256, first 12) | cells | summary | versions |",
+        "|---|---|---|---|---|",
     ]
+    served: dict[tuple[str, str], list[str]] = defaultdict(list)
     for report in sorted(reports, key=lambda r: _version_key(_run_name(r["environment"]))):
         env = report["environment"]
         versions = ", ".join(f"{k} {v}" for k, v in env.items() if k not in ("torch", "onnxruntime"))
-        lines.append(f"| {_run_name(env)} | {len(report['cells'])} | {report['summary']} | {versions} |")
+        wheels = report.get("wheels", {})
+        for record in wheels.values():
+            served[(record["file"], record["sha256"])].append(_run_name(env))
+        wheel = wheels.get("opbridge")
+        shown = f"`{wheel['file']}` ({wheel['sha256'][:12]})" if wheel else "not recorded"
+        lines.append(f"| {_run_name(env)} | {shown} | {len(report['cells'])} | {report['summary']} | {versions} |")
+    if served:
+        lines += ["", "## Wheels", "", "Each file that served a run above, as `nox -s wheels` built it:", "",
+                  "| wheel | SHA-256 | runs |", "|---|---|---|"]  # fmt: skip
+        for (file, sha256), runs_served in sorted(served.items()):
+            lines.append(f"| `{file}` | `{sha256}` | {len(runs_served)}: {'; '.join(runs_served)} |")
     for op in sorted(by_op):
         lines += ["", f"## {op}", "", "| exporter | lowering | opset | " + " | ".join(runs) + " |",
                   "|---|---|---|" + "---|" * len(runs)]  # fmt: skip

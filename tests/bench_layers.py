@@ -1,0 +1,134 @@
+"""The torch ops on the stable-ABI layer against the same ops on the classic layer (cpp/torch/api.h), same torch,
+same machine, same run: `nox -s bench_layers`.
+
+The parent process alternates child processes, one per build and round (stable, classic, stable, classic, ...),
+so that drift of a shared machine falls on both; each child times every case (median of `--repeat` runs after
+warm-up) and prints JSON. The classic build is the installed package with its `_C` and `_build_info` swapped
+for the classic build's (`--classic-build`), staged in a directory put first on PYTHONPATH.
+
+Prints, per case and thread count, the median over rounds of each build's time and the ratio classic / stable
+(> 1: the stable build is faster); writes them with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def child(threads: list[int], warmup: int, repeat: int) -> dict[str, float]:
+    import torch
+
+    import opbridge
+    from opbridge import bench
+
+    opbridge._load()
+    results: dict[str, float] = {}
+    cases = []
+    generator = torch.Generator().manual_seed(0)
+    for name, numel in bench.MY_ADD_SIZES.items():
+        a, b = torch.randn(numel, generator=generator), torch.randn(numel, generator=generator)
+        cases.append((f"my_add {name}", lambda a=a, b=b: opbridge.my_add(a, b)))
+    for shape in bench.DEFORM_SHAPES[:3]:
+        x = torch.randn(shape.batch, shape.in_channels, shape.height, shape.width, generator=generator)
+        offset = 2 * torch.randn(shape.batch, 18, shape.height, shape.width, generator=generator)
+        mask = torch.rand(shape.batch, 9, shape.height, shape.width, generator=generator)
+        weight = torch.randn(shape.out_channels, shape.in_channels, 3, 3, generator=generator) * 0.05
+        bias = torch.randn(shape.out_channels, generator=generator)
+        args = (x, offset, weight, bias, (1, 1), (1, 1), (1, 1), mask)
+        cases.append((f"deform_conv2d {shape.name}", lambda args=args: torch.ops.opbridge.deform_conv2d(*args)))
+        grad = torch.randn(shape.batch, shape.out_channels, shape.height, shape.width, generator=generator)
+        cases.append(
+            (
+                f"deform_conv2d_backward {shape.name}",
+                lambda args=args, grad=grad: torch.ops.opbridge.deform_conv2d_backward(grad, *args),
+            )
+        )
+    for name, levels in bench.MSDA_CASES.items():
+        inputs = bench._msda_inputs(levels)
+        cases.append((f"ms_deform_attn {name}", lambda inputs=inputs: torch.ops.opbridge.ms_deform_attn(*inputs)))
+        grad = torch.randn_like(torch.ops.opbridge.ms_deform_attn(*inputs))
+        cases.append(
+            (
+                f"ms_deform_attn_backward {name}",
+                lambda inputs=inputs, grad=grad: torch.ops.opbridge.ms_deform_attn_backward(grad, *inputs),
+            )
+        )
+    for count in threads:
+        torch.set_num_threads(count)
+        for name, call in cases:
+            results[f"{name} | {count}t"] = statistics.median(bench.time_call(call, warmup, repeat))
+    return results
+
+
+def stage_classic(build: Path, directory: Path) -> Path:
+    """The installed opbridge package with the classic build's extension and build info."""
+    import opbridge
+
+    package = Path(opbridge.__file__).parent
+    staged = directory / "opbridge"
+    shutil.copytree(package, staged, ignore=shutil.ignore_patterns("_C.*.so", "_build_info.py", "__pycache__"))
+    for built in [*build.glob("cpp/torch/_C.*.so"), build / "cpp" / "torch" / "_build_info.py"]:
+        shutil.copy2(built, staged / built.name)
+    return directory
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--classic-build", type=Path, help="CMake build dir of the classic layer (parent mode)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.threads, args.warmup, args.repeat)))
+        return 0
+    if args.classic_build is None:
+        parser.error("--classic-build is required")
+    times: dict[str, dict[str, list[float]]] = {"stable": {}, "classic": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        classic_path = stage_classic(args.classic_build, Path(tmp))
+        command = [sys.executable, __file__, "--child", "--warmup", str(args.warmup), "--repeat", str(args.repeat),
+                   "--threads", *map(str, args.threads)]  # fmt: skip
+        for round_ in range(args.rounds):
+            for build in ("stable", "classic"):
+                env = dict(os.environ)
+                if build == "classic":
+                    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(classic_path), env.get("PYTHONPATH")]))
+                script = "import opbridge._build_info as b; print(b.TORCH_ABI)"
+                abi = subprocess.run(
+                    [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+                ).stdout.strip()  # fmt: skip
+                if abi != build:
+                    raise SystemExit(f"expected the {build} build, the child imports the {abi} one")
+                output = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+                for case, milliseconds in json.loads(output.splitlines()[-1]).items():
+                    times[build].setdefault(case, []).append(milliseconds)
+                print(f"round {round_ + 1}/{args.rounds}: {build} done", flush=True)
+    rows = []
+    print(f"\n{'case':52} {'stable ms':>10} {'classic ms':>10} {'classic/stable':>15}")
+    for case in times["stable"]:
+        stable, classic = statistics.median(times["stable"][case]), statistics.median(times["classic"][case])
+        rows.append({"case": case, "stable_ms": stable, "classic_ms": classic, "ratio": classic / stable})
+        print(f"{case:52} {stable:10.3f} {classic:10.3f} {classic / stable:15.3f}")
+    ratios = [row["ratio"] for row in rows]
+    print(f"\ngeometric mean classic/stable: {statistics.geometric_mean(ratios):.3f}; "
+          f"range {min(ratios):.3f} .. {max(ratios):.3f} over {len(rows)} cases")  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"rows": rows, "rounds": args.rounds}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
