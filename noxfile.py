@@ -26,6 +26,8 @@ import hashlib
 import json
 import shutil
 import sys
+import zipfile
+from fnmatch import fnmatch
 from pathlib import Path
 
 import nox
@@ -276,12 +278,25 @@ def _wheel_floor(torch: str) -> int:
     return major * 100 + minor
 
 
-def _repair(session: nox.Session, raw: Path) -> None:
+def _repair(session: nox.Session, raw: Path) -> Path:
     """manylinux tags with auditwheel (nothing of torch's, ORT's, OpenMP's or OpenBLAS's vendored); the repaired
-    wheel replaces its kind in dist/."""
+    wheel replaces its kind in dist/. Then its audit: `auditwheel show` cannot be told which libraries are left
+    out on purpose, so its verdict ("consistent with linux_x86_64" because of libtorch_cpu.so) is checked here
+    instead: the symbol versions allow a manylinux tag, nothing was grafted into the wheel, and every external
+    library outside the manylinux policy is one of AUDITWHEEL_EXCLUDES."""
     excludes = [arg for name in AUDITWHEEL_EXCLUDES for arg in ("--exclude", name)]
     session.run("auditwheel", "repair", *excludes, "-w", str(DIST), str(raw))
-    session.run("auditwheel", "show", str(next(DIST.glob(raw.name.split("-linux_")[0] + "-*manylinux*.whl"))))
+    (wheel,) = DIST.glob(raw.name.split("-linux_")[0] + "-*manylinux*.whl")
+    session.run("auditwheel", "show", str(wheel))
+    audit = json.loads(session.run("auditwheel", "show", "--json", str(wheel), silent=True))
+    grafted = [n for n in zipfile.ZipFile(wheel).namelist() if ".libs/" in n]
+    unexpected = [lib for lib in audit["external_libs"] if not any(fnmatch(lib, p) for p in AUDITWHEEL_EXCLUDES)]
+    if not audit["sym_tag"].startswith("manylinux") or grafted or unexpected or audit["unsupported_isa"]:
+        session.error(f"{wheel.name}: symbol tag {audit['sym_tag']}, grafted {grafted}, unexpected external "
+                      f"libraries {unexpected}, unsupported ISA {audit['unsupported_isa']}")  # fmt: skip
+    session.log(f"{wheel.name}: manylinux symbol tag {audit['sym_tag']}, nothing vendored, external libraries "
+                f"{sorted(audit['external_libs'])} (all left to the environment on purpose)")  # fmt: skip
+    return wheel
 
 
 @nox.session(default=False, tags=["matrix"])
