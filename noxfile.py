@@ -273,8 +273,9 @@ def _torch_release(version: str) -> tuple[int, int]:
 
 
 def _wheel_floor(torch: str) -> int:
-    """The fourth version component of the opbridge wheel that serves `torch` (cmake/opbridge_metadata.py)."""
-    major, minor = max(_torch_release(torch), _torch_release(STABLE_BUILD_TORCH))
+    """The fourth version component of the opbridge wheel that serves `torch` (cmake/opbridge_metadata.py): the
+    stable wheel's floor from 2.10 on, the torch's own release below."""
+    major, minor = min(_torch_release(torch), _torch_release(STABLE_BUILD_TORCH))
     return major * 100 + minor
 
 
