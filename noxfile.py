@@ -183,12 +183,13 @@ def bench(session: nox.Session) -> None:
 @nox.session(default=False)
 def bench_layers(session: nox.Session) -> None:
     """The torch ops built on the stable-ABI layer (what the wheel for torch >= 2.10 ships) against the same ops on
-    the classic layer, same torch, alternating processes: reports/bench-layers.json."""
+    the classic layer, same torch, alternating processes: docs/bench-layers.md, reports/bench-layers.json."""
     install_opbridge(session)
     classic = ROOT / "build" / "nox-bench-layers-classic"
     build_classic_layer(session, classic)
     session.run("python", str(ROOT / "tests" / "bench_layers.py"), "--classic-build", str(classic),
-                "--json", str(ROOT / "reports" / "bench-layers.json"), *session.posargs)  # fmt: skip
+                "--json", str(ROOT / "reports" / "bench-layers.json"),
+                "--markdown", str(ROOT / "docs" / "bench-layers.md"), *session.posargs)  # fmt: skip
 
 
 FUZZ_CASES = "10000"
