@@ -23,9 +23,12 @@ virtualenv and CMake build directory, so re-runs are incremental.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
+import subprocess
 import sys
+import tarfile
 import zipfile
 from fnmatch import fnmatch
 from pathlib import Path
@@ -110,10 +113,10 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *session.posargs)
 
 
-def build_classic_layer(session: nox.Session, build_dir: Path) -> None:
+def build_classic_layer(session: nox.Session, build_dir: Path, source: Path = ROOT) -> None:
     """The torch ops on the classic layer (cpp/torch/api_classic.h) against the session's torch, with CMake."""
     session.run(
-        "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+        "cmake", "-S", str(source), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
         "-DOPBRIDGE_BUILD_ORT=OFF", "-DOPBRIDGE_BUILD_TESTS=OFF", "-DOPBRIDGE_TORCH_ABI=CLASSIC",
         f"-DPython_EXECUTABLE={session.virtualenv.location}/bin/python",
     )  # fmt: skip
@@ -183,13 +186,29 @@ def bench(session: nox.Session) -> None:
 @nox.session(default=False)
 def bench_layers(session: nox.Session) -> None:
     """The torch ops built on the stable-ABI layer (what the wheel for torch >= 2.10 ships) against the same ops on
-    the classic layer, same torch, alternating processes: docs/bench-layers.md, reports/bench-layers.json."""
+    the classic layer, same torch, alternating processes: docs/bench-layers.md, reports/bench-layers.json.
+    `-- --before REF` also times the torch ops of an earlier commit (what users had before the torch layer, e.g.
+    32ed763), built from `git archive REF` against the same torch."""
     install_opbridge(session)
     classic = ROOT / "build" / "nox-bench-layers-classic"
     build_classic_layer(session, classic)
+    arguments = list(session.posargs)
+    if "--before" in arguments:
+        at = arguments.index("--before")
+        ref = arguments[at + 1]
+        del arguments[at : at + 2]
+        source = ROOT / "build" / "bench-layers-before" / "src"
+        shutil.rmtree(source.parent, ignore_errors=True)
+        source.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], capture_output=True, check=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tree:
+            tree.extractall(source, filter="data")
+        before = source.parent / "build"
+        build_classic_layer(session, before, source=source)
+        arguments += ["--before-build", str(before), "--before-label", ref]
     session.run("python", str(ROOT / "tests" / "bench_layers.py"), "--classic-build", str(classic),
                 "--json", str(ROOT / "reports" / "bench-layers.json"),
-                "--markdown", str(ROOT / "docs" / "bench-layers.md"), *session.posargs)  # fmt: skip
+                "--markdown", str(ROOT / "docs" / "bench-layers.md"), *arguments)  # fmt: skip
 
 
 FUZZ_CASES = "10000"
