@@ -12,9 +12,10 @@
     nox -s fuzz           10,000 hostile cases per op target (tests/fuzz.py); `-- --cases N --seed S`
     nox -s sanitize       both libraries under ASan + UBSan: kernel tests, fuzzer, concurrency, leak check
     nox -t matrix         the release matrix: the stable-ABI wheel (torch >= 2.10), the classic wheels of
-                          older torches and the runtime wheel, manylinux-repaired (`wheels`); parity of the
-                          installed wheels across torch x ORT (`matrix`), the torch-free runtime wheel
-                          (`runtime`), then docs/compatibility.md (`report`)
+                          older torches and the runtime wheel, manylinux-repaired (`wheels`); which wheel pip
+                          picks for each torch from a wheel directory and from a package index (`selection`);
+                          parity of the installed wheels across torch x ORT (`matrix`), the torch-free runtime
+                          wheel (`runtime`), then docs/compatibility.md (`report`)
 
 Sessions share helpers; versions are parameters. Each session keeps its own
 virtualenv and CMake build directory, so re-runs are incremental.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -347,6 +349,53 @@ def wheels(session: nox.Session, target: str) -> None:
         )  # fmt: skip
     (raw,) = raw_dir.glob("*.whl")
     _repair(session, raw)
+
+
+# Torches whose wheel pip must pick from dist/ (`nox -s selection`): every supported one, and one no wheel serves.
+UNSERVED_TORCH = "2.8.0"
+
+
+def _simple_index(directory: Path) -> Path:
+    """A PEP 503 package index of dist/'s wheels (a page per project, links with their SHA-256), as an index
+    that serves these files presents them to pip."""
+    shutil.rmtree(directory, ignore_errors=True)
+    for wheel in sorted(DIST.glob("*.whl")):
+        project = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+        page = directory / project / "index.html"
+        page.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        with page.open("a") as links:
+            links.write(f'<a href="{wheel.resolve().as_uri()}#sha256={digest}">{wheel.name}</a><br>\n')
+    return directory
+
+
+@nox.session(default=False, tags=["matrix"])
+def selection(session: nox.Session) -> None:
+    """Which opbridge wheel pip picks for each torch (the README's install, resolved with --dry-run: no torch is
+    installed), from the wheel directory (--find-links) and from a package index of the same files
+    (--extra-index-url); a torch no wheel serves must fail to resolve."""
+    index = _simple_index(ROOT / "build" / "simple-index")
+    report = Path(session.create_tmp()) / "pip-report.json"
+    problems = []
+    for torch in [*TORCH_MATRIX, UNSERVED_TORCH]:
+        expected = f"{_dist_release()}.{_wheel_floor(torch)}" if torch in TORCH_MATRIX else None
+        for source in (["--find-links", str(DIST)], ["--extra-index-url", index.as_uri()]):
+            command = [str(Path(session.bin) / "python"), "-m", "pip", "install", "--dry-run", "--ignore-installed",
+                       "--quiet", "--report", str(report), *source, "opbridge", f"torch=={torch}"]  # fmt: skip
+            result = subprocess.run(command, capture_output=True, text=True)
+            chosen = None
+            if result.returncode == 0:
+                installs = json.loads(report.read_text())["install"]
+                chosen = next(i["metadata"]["version"] for i in installs if i["metadata"]["name"] == "opbridge")
+            session.log(f"torch=={torch} {source[0]}: {chosen or 'no wheel (resolution fails)'}")
+            if chosen != expected:
+                problems.append(f"torch=={torch} {source[0]}: pip chose {chosen}, expected {expected}")
+    if problems:
+        session.error("; ".join(problems))
+
+
+def _dist_release() -> str:
+    return _dist_wheel("opbridge_ort-*.whl", "'wheels(target='runtime')'").name.split("-")[1]
 
 
 def _dist_wheel(pattern: str, hint: str) -> Path:
