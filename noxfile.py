@@ -51,7 +51,8 @@ BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "cmake>=3.21", "ninja", "scipy-
 # Supported torch versions and the torchvision whose compiled ops load with each (None: no such release,
 # or, for 2.13.0, the CPU-only build here, with which torchvision's ops do not load).
 TORCH_MATRIX = {
-    "2.6.0": "0.21.0", "2.9.1": "0.24.1", "2.10.0": "0.25.0", "2.13.0": None, "2.14.1": "0.29.1", "2.15.0": None,
+    "2.6.0": "0.21.0", "2.9.1": "0.24.1", "2.10.0": "0.25.0", "2.11.0": "0.26.0", "2.12.1": "0.27.1", "2.13.0": None,
+    "2.14.1": "0.29.1", "2.15.0": None,
 }  # fmt: skip
 # The wheels `nox -s wheels` builds: the stable-ABI wheel against the oldest torch it supports (it serves every
 # torch from there on), a classic wheel per older torch, and the runtime wheel.
