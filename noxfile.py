@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import xml.etree.ElementTree as ElementTree
 import zipfile
 from fnmatch import fnmatch
 from pathlib import Path
@@ -442,13 +443,32 @@ def matrix(session: nox.Session, torch: str, onnxruntime: str) -> None:
     report.write_text(json.dumps(results, indent=1))
     # Plain torch.onnx.export after `import opbridge`, and the private hooks it needs, on each torch (the torch
     # axis runs the newest ORT; older ones cannot read what the dynamo exporter writes, which parity labels n/a),
-    # and the packaging tests against the installed wheels.
+    # and the packaging tests against the installed wheels; their outcome goes into the report.
+    failed = False
     if onnxruntime == "newest":
         session.install("pytest", "pytest-xdist")
+        junit = Path(session.create_tmp()) / "tests.xml"
+        tests = ["test_plain_export.py", "test_packaging.py"]
+        # Exit code 1 (some tests failed) is recorded in the report first, then fails the session.
         session.run(
-            "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_plain_export.py"),
-            str(ROOT / "tests" / "test_packaging.py"),
+            "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *(str(ROOT / "tests" / t) for t in tests),
+            success_codes=[0, 1],
         )  # fmt: skip
+        results["tests"] = {"files": tests, **_junit_counts(junit)}
+        report.write_text(json.dumps(results, indent=1))
+        failed = results["tests"]["failed"] > 0
+    if failed:
+        session.error(f"tests failed under the installed wheels: {results['tests']}")
+
+
+def _junit_counts(path: Path) -> dict[str, int]:
+    """passed / failed / skipped of a pytest --junitxml file (failures and errors count as failed)."""
+    suites = ElementTree.parse(path).getroot()
+    suites = [suites] if suites.tag == "testsuite" else list(suites)
+    total = sum(int(s.get("tests", 0)) for s in suites)
+    failed = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
+    skipped = sum(int(s.get("skipped", 0)) for s in suites)
+    return {"passed": total - failed - skipped, "failed": failed, "skipped": skipped}
 
 
 @nox.session(default=False, tags=["matrix"])

@@ -5,7 +5,7 @@
 Standard library only (no torch), so it runs anywhere. One table per op: a row
 per (exporter, lowering, opset), a column per run (torch x ORT); each cell is
 pass (with the max error), FAIL, or n/a with a footnoted reason. Exits 1 if any
-cell failed unexpectedly.
+cell failed unexpectedly or any test failed under a run's wheels.
 """
 
 from __future__ import annotations
@@ -41,12 +41,14 @@ def render(reports: list[dict]) -> tuple[str, int]:
         "*installed wheels* of each torch version. A cell covers every call path and dtype of the op, each",
         "exported with same-shape and broadcast (or with/without mask) operands and with a static and a",
         "dynamic batch: **pass** (max |ORT − PyTorch| over all of them), **FAIL**, or **n/a** (expected not to",
-        "run; the footnote says why). A blank cell was not run (e.g. an opset the exporter lacks).",
+        "run; the footnote says why). A blank cell was not run (e.g. an opset the exporter lacks). On the torch",
+        "axis each run also runs tests/test_plain_export.py and tests/test_packaging.py against the installed",
+        'wheels ("tests under the wheel").',
         "",
         "## Runs",
         "",
-        "| run | opbridge wheel (SHA-256, first 12) | cells | summary | versions |",
-        "|---|---|---|---|---|",
+        "| run | opbridge wheel (SHA-256, first 12) | cells | summary | tests under the wheel | versions |",
+        "|---|---|---|---|---|---|",
     ]
     served: dict[tuple[str, str], list[str]] = defaultdict(list)
     for report in sorted(reports, key=lambda r: _version_key(_run_name(r["environment"]))):
@@ -57,7 +59,16 @@ def render(reports: list[dict]) -> tuple[str, int]:
             served[(record["file"], record["sha256"])].append(_run_name(env))
         wheel = wheels.get("opbridge")
         shown = f"`{wheel['file']}` ({wheel['sha256'][:12]})" if wheel else "not recorded"
-        lines.append(f"| {_run_name(env)} | {shown} | {len(report['cells'])} | {report['summary']} | {versions} |")
+        tests = report.get("tests")
+        if tests:
+            failures += tests["failed"]
+            outcome = f"**{tests['failed']} failed**, " if tests["failed"] else ""
+            tested = f"{outcome}{tests['passed']} passed, {tests['skipped']} skipped ({', '.join(tests['files'])})"
+        else:
+            tested = "not run on this axis"
+        lines.append(
+            f"| {_run_name(env)} | {shown} | {len(report['cells'])} | {report['summary']} | {tested} | {versions} |"
+        )
     if served:
         lines += ["", "## Wheels", "", "Each file that served a run above, as `nox -s wheels` built it:", "",
                   "| wheel | SHA-256 | runs |", "|---|---|---|"]  # fmt: skip
