@@ -161,6 +161,8 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
 
     import torch
 
+    from opbridge.bench import cpu_name
+
     before = args.before_label if args.before_build else None
     columns = [("classic", "classic")] + ([("before", before)] if before else [])
 
@@ -193,16 +195,6 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
         cells = " | ".join(f"{row[f'{b}_ms']:.3f} | {row[f'{b}_ms'] / row['stable_ms']:.3f}" for b, _ in columns)
         lines.append(f"| {case} | {threads} | {row['stable_ms']:.3f} | {cells} |")
     return "\n".join(lines) + "\n"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -653,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args.threads, args.warmup, args.repeat, args.triad_library)
     environment = {
         "torch": torch.__version__, "onnxruntime": ort.__version__, "opbridge": opbridge.__version__,
-        "python": platform.python_version(), "machine": f"{_cpu_name()}, {_cpu_count()} cores",
+        "python": platform.python_version(), "machine": f"{cpu_name()}, {_cpu_count()} cores",
         "warmup": args.warmup, "repeat": args.repeat,
     }  # fmt: skip
     print(f"opbridge bench: torch {environment['torch']}, onnxruntime {environment['onnxruntime']}, "
@@ -687,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
