@@ -171,7 +171,7 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
         return (f"- {label} / stable: geometric mean **{statistics.geometric_mean(ratios):.3f}** (range "
                 f"{min(ratios):.3f} .. {max(ratios):.3f} over {len(rows)} cases)")  # fmt: skip
 
-    compared = f", and the torch ops of commit `{before}` (`-- --before {before}`)" if before else ""
+    compared = f", and the torch ops as commit `{before}` built them (`-- --before {before}`)" if before else ""
     lines = [
         "# The torch ops on the stable-ABI layer and on the classic layer",
         "",
