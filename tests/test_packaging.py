@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as metadata
+import json
+import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -111,6 +114,60 @@ def test_metadata_provider_picks_the_layer_as_cmake_does(provider):
         provider.torch_layer("2.14.1", "fast")
     cmake = (ROOT / "cmake" / "OpbridgeTorch.cmake").read_text()
     assert f"set(OPBRIDGE_TORCH_STABLE_FLOOR {provider.STABLE_FLOOR[0]}.{provider.STABLE_FLOOR[1]})" in cmake
+
+
+def _stand_in_wheel(directory: Path, name: str, version: str, requires: list[str]) -> None:
+    """A wheel carrying only metadata: what pip's resolver reads."""
+    stem = f"{name.replace('-', '_')}-{version}"
+    info = f"{stem}.dist-info"
+    metadata_text = "".join(
+        [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", *(f"Requires-Dist: {r}\n" for r in requires)]
+    )
+    with zipfile.ZipFile(directory / f"{stem}-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(f"{info}/METADATA", metadata_text)
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        wheel.writestr(f"{info}/RECORD", "")
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "expected"),
+    [
+        ("2.6.0", "0.1.0.206"),
+        ("2.9.1", "0.1.0.209"),
+        ("2.10.0", "0.1.0.210"),
+        ("2.15.0", "0.1.0.210"),
+        ("2.16.0", "0.1.0.210"),  # a torch released after the wheel
+        ("2.8.0", None),  # no wheel loads under it: pip must refuse rather than pick one
+    ],
+)
+def test_pip_picks_the_wheel_that_loads_under_the_installed_torch(provider, tmp_path, torch_version, expected):
+    """The version scheme under pip's own resolver, offline: opbridge wheels with the versions and requirements the
+    metadata provider gives (stable from 2.10, classic 2.6.0 and 2.9.1), stand-in torch and opbridge-ort wheels, and
+    the README's install (`opbridge torch==<installed>`)."""
+    for torch_release, layer in [("2.6.0", "classic"), ("2.9.1", "classic"), ("2.10.0", "stable")]:
+        version = provider.metadata("version", "0.1.0", [], torch_release, layer)
+        _stand_in_wheel(
+            tmp_path, "opbridge", version, provider.metadata("dependencies", "0.1.0", [], torch_release, layer)
+        )
+    _stand_in_wheel(tmp_path, "opbridge-ort", "0.1.0", [])
+    for torch_release in ["2.6.0", "2.8.0", "2.9.1", "2.10.0", "2.15.0", "2.16.0"]:
+        _stand_in_wheel(tmp_path, "torch", torch_release, [])
+    report = tmp_path / "report.json"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-index", "--find-links",
+         str(tmp_path), "--quiet", "--report", str(report), "opbridge", f"torch=={torch_version}"],
+        capture_output=True, text=True, env=environment,
+    )  # fmt: skip
+    if expected is None:
+        assert result.returncode != 0 and "opbridge" in result.stderr, result.stderr
+        return
+    assert result.returncode == 0, result.stderr
+    chosen = {i["metadata"]["name"]: i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    assert chosen["opbridge"] == expected
+    assert chosen["torch"] == torch_version and chosen["opbridge-ort"] == "0.1.0"
 
 
 def test_installed_metadata_is_index_ready_and_follows_the_build():
