@@ -353,7 +353,7 @@ def wheels(session: nox.Session, target: str) -> None:
     _repair(session, raw)
 
 
-# Torches whose wheel pip must pick from dist/ (`nox -s selection`): every supported one, and one no wheel serves.
+# A torch no opbridge wheel serves: `nox -s selection` checks that pip refuses to resolve it.
 UNSERVED_TORCH = "2.8.0"
 
 
@@ -376,11 +376,15 @@ def selection(session: nox.Session) -> None:
     """Which opbridge wheel pip picks for each torch (the README's install, resolved with --dry-run: no torch is
     installed), from the wheel directory (--find-links) and from a package index of the same files
     (--extra-index-url); a torch no wheel serves must fail to resolve."""
+    try:
+        release = _dist_wheel("opbridge_ort-*.whl", "wheels").name.split("-")[1]
+    except FileNotFoundError as error:
+        session.error(str(error))
     index = _simple_index(ROOT / "build" / "simple-index")
     report = Path(session.create_tmp()) / "pip-report.json"
     problems = []
     for torch in [*TORCH_MATRIX, UNSERVED_TORCH]:
-        expected = f"{_dist_release()}.{_wheel_floor(torch)}" if torch in TORCH_MATRIX else None
+        expected = f"{release}.{_wheel_floor(torch)}" if torch in TORCH_MATRIX else None
         for source in (["--find-links", str(DIST)], ["--extra-index-url", index.as_uri()]):
             command = [str(Path(session.bin) / "python"), "-m", "pip", "install", "--dry-run", "--ignore-installed",
                        "--quiet", "--report", str(report), *source, "opbridge", f"torch=={torch}"]  # fmt: skip
@@ -394,10 +398,6 @@ def selection(session: nox.Session) -> None:
                 problems.append(f"torch=={torch} {source[0]}: pip chose {chosen}, expected {expected}")
     if problems:
         session.error("; ".join(problems))
-
-
-def _dist_release() -> str:
-    return _dist_wheel("opbridge_ort-*.whl", "'wheels(target='runtime')'").name.split("-")[1]
 
 
 def _dist_wheel(pattern: str, hint: str) -> Path:
