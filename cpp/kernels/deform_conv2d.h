@@ -33,6 +33,9 @@ struct DeformConv2dShape {
 
 // Attributes as given by the front end (torch: symmetric padding, groups
 // inferred from shapes; ONNX: pads [top, left, bottom, right], group attributes).
+// A group count of 0 is inferred from the shapes as torch does (groups =
+// in_channels / weight.shape[1], offset_groups = offset channels / (2 * kh * kw)):
+// an export writes 0 where the exporter does not know the channel counts.
 struct DeformConv2dAttributes {
   std::vector<int64_t> strides{1, 1}, dilations{1, 1}, pads{0, 0, 0, 0};
   int64_t groups = 1, offset_groups = 1;
@@ -83,6 +86,10 @@ inline Status check_deform_conv2d(const DeformConv2dNames& names, const std::vec
   s.pad_top = attributes.pads[0], s.pad_left = attributes.pads[1];
   s.pad_bottom = attributes.pads[2], s.pad_right = attributes.pads[3];
   s.groups = attributes.groups, s.offset_groups = attributes.offset_groups;
+  if (s.groups == 0 && weight[1] > 0 && s.in_channels % weight[1] == 0) s.groups = s.in_channels / weight[1];
+  if (const int64_t taps2 = 2 * s.kernel_h * s.kernel_w; s.offset_groups == 0 && taps2 > 0 && offset[1] % taps2 == 0) {
+    s.offset_groups = offset[1] / taps2;
+  }
   s.has_mask = mask != nullptr, s.has_bias = bias != nullptr;
   if (s.stride_h <= 0 || s.stride_w <= 0 || s.dilation_h <= 0 || s.dilation_w <= 0) {
     return fail("strides and dilations must be positive, got " + shape_to_string(attributes.strides) + " and " +

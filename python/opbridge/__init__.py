@@ -45,7 +45,9 @@ def _load_now() -> None:
     _C = _extension.load()
     from . import _slices, nn, onnx, ops, specs  # noqa: F401
 
-    globals().update(_slices.public_names())
+    from .integrations import patch_model
+
+    globals().update(_slices.public_names(), patch_model=patch_model)
     _slices.mapping_modules()
     specs.mark_builtin()
     onnx._register()
@@ -55,7 +57,7 @@ def _load_now() -> None:
     globals()["ort"] = opbridge_ort  # opbridge.ort: the torch-free runtime helpers
     # `from opbridge import *` gives the ops' functions and classes, not submodules that would shadow the
     # caller's own `nn` or `onnx`.
-    __all__ = sorted(_slices.public_names())
+    __all__ = sorted([*_slices.public_names(), "patch_model"])
     _loaded = True
 
 

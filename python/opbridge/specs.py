@@ -156,6 +156,12 @@ class LoweringError(RuntimeError):
     """An op cannot be expressed in ONNX with the requested lowering and opset."""
 
 
+class UnknownToExporter(LoweringError):
+    """The lowering needs a dtype, rank or size that the exporter does not know at this node (e.g. inside a
+    ``prim::Loop`` block, where the TorchScript-based exporter loses dtypes). For an op torch has its own rule for,
+    the export hands the node back to that rule (as without opbridge) instead of failing."""
+
+
 _REGISTRY: dict[str, OpSpec] = {}
 
 

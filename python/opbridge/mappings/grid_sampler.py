@@ -22,7 +22,7 @@ import torch
 
 from .. import specs
 from ..onnx.builder import ONNX_TYPES
-from ..specs import LoweringError
+from ..specs import LoweringError, UnknownToExporter
 
 _MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
 _PADDINGS = {0: "zeros", 1: "border", 2: "reflection"}
@@ -33,7 +33,9 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
     padding = _PADDINGS.get(int(b.value(padding_mode, "i")))
     align = bool(b.value(align_corners, "b"))
     shape = b.static_shape(input)
-    if shape is None or len(shape) not in (4, 5):
+    if shape is None:
+        raise UnknownToExporter("grid_sample export: the exporter does not know the rank of input (4-D or 5-D)")
+    if len(shape) not in (4, 5):
         raise LoweringError(f"grid_sample export: input must be 4-D [N, C, H, W] or 5-D [N, C, D, H, W], got {shape}")
     if b.opset >= 16 and len(shape) == 4 and b.dtype(input) != torch.float64:
         # torch's own rule (ONNX GridSample-16) serves 4-D from opset 16; not float64 below 20, which ONNX Runtime
@@ -47,9 +49,6 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
     if mode not in ("bilinear", "nearest") or padding is None:
         raise LoweringError(f"grid_sample export at opset {b.opset}: mode={mode!r} is not supported here; "
                             "bicubic needs 4-D inputs and opset >= 16")  # fmt: skip
-    channels = shape[1]
-    if channels is None:
-        raise LoweringError("grid_sample export: the channel count of input must be static")
     spatial = len(shape) - 2  # 2: (H, W); 3: (D, H, W)
     i64 = b.constant
 
@@ -62,7 +61,7 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
     def dim(value, index):
         return b.op("Gather", b.op("Shape", value), i64([index]), axis=0)  # 1-D, one element
 
-    n_1d = dim(input, 0)
+    n_1d, channels = dim(input, 0), dim(input, 1)
     sizes = [dim(input, 2 + k) for k in range(spatial)]  # outermost first: (D,) H, W
     grid_shape = b.op("Shape", grid)
 
@@ -96,7 +95,7 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
     perm = [0, *range(2, spatial + 2), 1]  # channels last
     pads = [0] + [1] * spatial + [0] + [0] + [2] * spatial + [0]
     padded = b.op("Pad", b.op("Transpose", input, perm=perm), i64(pads))
-    rows = b.op("Reshape", padded, i64([-1, channels]))
+    rows = b.op("Reshape", padded, b.op("Concat", i64([-1]), channels, axis=0))
     padded_sizes = [b.op("Reshape", b.op("Add", size, i64([3])), i64([])) for size in sizes]
     strides = [None] * spatial  # rows between neighbours along each spatial axis
     stride = i64(1)
@@ -134,7 +133,7 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
         sampled = b.op("Sum", *terms)  # [N, *out, C]
     out = b.op("Transpose", sampled, perm=[0, spatial + 1, *range(1, spatial + 1)])
     out_sizes = b.op("Slice", grid_shape, i64([1]), i64([spatial + 1]), i64([0]))
-    return b.op("Reshape", out, b.op("Concat", n_1d, i64([channels]), out_sizes, axis=0))
+    return b.op("Reshape", out, b.op("Concat", n_1d, channels, out_sizes, axis=0))
 
 
 def _onnx_float(b, like) -> int:

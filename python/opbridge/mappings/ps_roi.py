@@ -30,24 +30,36 @@ _ELEMENT = ONNX_TYPES
 
 
 def _geometry(b, input, pooled_height, pooled_width, op: str):
+    """(PH, PW, C_out): C_out a 1-D int64 tensor, C / (PH * PW), read at run time where the exporter does not
+    know the input's channel count."""
     height, width = int(b.value(pooled_height, "i")), int(b.value(pooled_width, "i"))
     shape = b.static_shape(input)
     channels = shape[1] if shape is not None and len(shape) == 4 else None
     if channels is None:
-        raise LoweringError(f"torchvision::{op} export needs the input's channel count (dim 1) to be static")
+        channels_in = b.op("Gather", b.op("Shape", input), b.constant([1]), axis=0)
+        return height, width, b.op("Div", channels_in, b.constant([height * width]))
     if channels % (height * width):
         raise LoweringError(f"torchvision::{op}: input channels ({channels}) must be a multiple of "
                             f"pooled height * width ({height} * {width})")  # fmt: skip
-    return height, width, channels // (height * width)
+    return height, width, b.constant([channels // (height * width)])
 
 
-def _channel_mapping(b, rois, height: int, width: int, channels_out: int):
+def _shape(b, *parts):
+    """A shape from ints and 1-D int64 tensors."""
+    return b.op("Concat", *(b.constant([p]) if isinstance(p, int) else p for p in parts), axis=0)
+
+
+def _count(b, channels_out, *factors: int):
+    """C_out * factors as a scalar int64 tensor (a Range limit)."""
+    return b.op("Reshape", b.op("Mul", channels_out, b.constant([math.prod(factors)])), b.constant([]))
+
+
+def _channel_mapping(b, rois, height: int, width: int, channels_out):
     """channel_mapping [R, C_out, PH, PW] (int32): (c * PH + ph) * PW + pw."""
-    count = channels_out * height * width
-    pattern = b.op("Reshape", b.op("Range", b.constant(0), b.constant(count), b.constant(1)),
-                   b.constant([1, channels_out, height, width]))  # fmt: skip
+    pattern = b.op("Reshape", b.op("Range", b.constant(0), _count(b, channels_out, height, width), b.constant(1)),
+                   _shape(b, 1, channels_out, height, width))  # fmt: skip
     rois_count = b.op("Slice", b.op("Shape", rois), b.constant([0]), b.constant([1]))
-    shape = b.op("Concat", rois_count, b.constant([channels_out, height, width]), axis=0)
+    shape = _shape(b, rois_count, channels_out, height, width)
     return b.op("Cast", b.op("Expand", pattern, shape), to=_INT32)
 
 
@@ -60,11 +72,11 @@ def _ps_roi_align(b, input, rois, spatial_scale, pooled_height, pooled_width, sa
                   output_height=height, output_width=width, spatial_scale=float(b.value(spatial_scale, "f")),
                   sampling_ratio=max(int(b.value(sampling_ratio, "i")), 0))  # fmt: skip
     # [R, C_out, group (input channel within the group), group (bin)]: keep the diagonal.
-    grouped = b.op("Reshape", pooled, b.constant([-1, channels_out, group, group]))
+    grouped = b.op("Reshape", pooled, _shape(b, -1, channels_out, group, group))
     zeros = b.op("ConstantOfShape", b.constant([group, group]))
     mask = b.op("Cast", b.op("EyeLike", zeros), to=_ELEMENT[b.dtype(input)])
     picked = b.op("ReduceSum", b.op("Mul", grouped, mask), b.constant([2]), keepdims=0)
-    output = b.op("Reshape", picked, b.constant([-1, channels_out, height, width]))
+    output = b.op("Reshape", picked, _shape(b, -1, channels_out, height, width))
     return output, _channel_mapping(b, rois, height, width, channels_out)
 
 
@@ -113,8 +125,8 @@ def _ps_roi_pool(b, input, rois, spatial_scale, pooled_height, pooled_width):
     plane = b.op("Mul", b.op("Add", b.op("Gather", shape, b.constant([2])), b.constant([1])), row)  # (H+1)(W+1)
     channels = b.op("Gather", shape, b.constant([1]))
     batch = b.op("Cast", b.op("Gather", rois, b.constant([0]), axis=1), to=_INT64)  # [R, 1], truncated as torch
-    channel_in = b.op("Reshape", b.op("Range", b.constant(0), b.constant(channels_out * height * width),
-                                      b.constant(1)), b.constant([1, channels_out, height, width]))  # fmt: skip
+    channel_in = b.op("Reshape", b.op("Range", b.constant(0), _count(b, channels_out, height, width),
+                                      b.constant(1)), _shape(b, 1, channels_out, height, width))  # fmt: skip
     base = b.op("Mul", b.op("Add", b.op("Mul", b.op("Reshape", batch, b.constant([-1, 1, 1, 1])), channels),
                             channel_in), plane)  # fmt: skip
 

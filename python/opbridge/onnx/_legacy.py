@@ -8,6 +8,7 @@ for the opset being exported and the current lowering kind
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -21,6 +22,11 @@ from .builder import LegacyBuilder
 #: dispatch of custom symbolics below 9 is inconsistent (a rule registered for 7 is refused at 8), and opsets
 #: below 9 predate most of ONNX; the matrix measures 9 .. the exporter's newest.
 MIN_OPSET = 9
+
+
+class FallbackWarning(UserWarning):
+    """A node opbridge maps was exported by torch's own rule instead (see :class:`opbridge.specs.UnknownToExporter`):
+    the model exports as it does without opbridge, without what opbridge's rule fixes."""
 
 
 def symbolic_for(name: str) -> Callable:
@@ -44,7 +50,22 @@ def symbolic_for(name: str) -> Callable:
                 "add it). Export with opbridge.onnx.export(model, args, f, dynamo=False, lowering='function'), "
                 "or with dynamo=True."
             )
-        return lowering.build(LegacyBuilder(g), *args)
+        try:
+            return lowering.build(LegacyBuilder(g), *args)
+        except specs.UnknownToExporter as error:
+            # The exporter knows too little here (a dtype lost in a loop block, an unknown rank): torch's own rule,
+            # where it has one, exports the node as it does without opbridge. Nodes the lowering added before it
+            # gave up have no users and are removed by the exporter's dead-code pass.
+            builtin = _torch_hooks.legacy_builtin_symbolic(spec.symbolic_name, g.opset)
+            if builtin is None or spec.namespace == "opbridge":
+                raise
+            warnings.warn(
+                f"opbridge: {spec.torch_op} at opset {g.opset} is exported by torch's own rule, as without opbridge, "
+                f"because opbridge's rule cannot apply here: {error}",
+                FallbackWarning,
+                stacklevel=2,
+            )
+            return builtin(g, *args)
 
     symbolic.__name__ = f"{name}_symbolic"
     return symbolic

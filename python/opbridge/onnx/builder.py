@@ -67,17 +67,24 @@ class LegacyBuilder:
     def dtype(self, value, what: str = "input") -> torch.dtype:
         scalar_type = value.type().scalarType() if isinstance(value.type(), torch._C.TensorType) else None
         if scalar_type not in _SCALAR_TYPES:
-            from ..specs import LoweringError
+            from ..specs import UnknownToExporter
 
-            raise LoweringError(
+            raise UnknownToExporter(
                 f"the ONNX export needs the dtype of {what}, but the exporter knows it as {scalar_type!r}; "
                 "export with example inputs (not None) of a supported dtype"
             )
         return _SCALAR_TYPES[scalar_type]
 
     def constant_like(self, value: float, like):
-        """A scalar constant with the element type of ``like``."""
-        return self.g.op("Constant", value_t=torch.tensor(value, dtype=self.dtype(like)))
+        """A scalar constant with the element type of ``like`` (CastLike where the exporter does not know it)."""
+        from ..specs import UnknownToExporter
+
+        try:
+            return self.g.op("Constant", value_t=torch.tensor(value, dtype=self.dtype(like)))
+        except UnknownToExporter:
+            if self.opset < 15:
+                raise
+            return self.g.op("CastLike", self.g.op("Constant", value_t=torch.tensor(float(value))), like)
 
     def constant(self, values: Sequence[int] | int):
         """An int64 constant (shapes, axes, indices)."""
@@ -166,9 +173,11 @@ class DynamoBuilder:
         names = _ELEMENT_TYPES
         element = getattr(value, "dtype", None)
         if getattr(element, "name", None) not in names:
-            from ..specs import LoweringError
+            from ..specs import UnknownToExporter
 
-            raise LoweringError(f"the ONNX export needs the dtype of {what}, but the exporter knows it as {element!r}")
+            raise UnknownToExporter(
+                f"the ONNX export needs the dtype of {what}, but the exporter knows it as {element!r}"
+            )
         return names[element.name]
 
     def constant_like(self, value: float, like):

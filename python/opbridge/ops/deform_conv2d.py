@@ -257,73 +257,118 @@ class DeformConv2d(torch.nn.Module):
 
 @dataclass(frozen=True)
 class Attributes:
+    """The convolution's parameters; a size the exporter does not know is None (module code that reads sizes
+    from traced shapes, or inputs exported with every dimension dynamic)."""
+
     stride: tuple[int, int]
     padding: tuple[int, int]
     dilation: tuple[int, int]
-    groups: int
-    offset_groups: int
-    kernel: tuple[int, int]
-    out_channels: int
-    in_channels: int
+    groups: int | None
+    offset_groups: int | None
+    kernel: tuple[int, int] | None
+    out_channels: int | None
+    in_channels: int | None
 
-    def onnx(self) -> dict:
-        return {
+    def onnx(self, unknown_groups: str | None = None) -> dict:
+        """The ONNX DeformConv attributes. A group count the exporter does not know is written as 0 (inferred
+        from the shapes at run time by opbridge's ORT kernel) for the custom node; ONNX DeformConv needs the
+        number: ``unknown_groups`` names the lowering for the error."""
+        if unknown_groups is not None and (self.groups is None or self.offset_groups is None):
+            raise LoweringError(
+                f"deform_conv2d export ({unknown_groups}): ONNX DeformConv's 'group' and 'offset_group' attributes "
+                "must be numbers in the model, and they follow from the channel counts (input.shape[1] / "
+                "weight.shape[1], offset.shape[1] / (2 * kh * kw)), which the exporter does not know here "
+                f"(groups={self.groups}, offset_groups={self.offset_groups}). Keep the channel dims static (out of "
+                "dynamic_axes), or export with lowering='custom', whose node infers them at run time."
+            )
+        attributes = {
             "strides": list(self.stride),
             "pads": [self.padding[0], self.padding[1], self.padding[0], self.padding[1]],
             "dilations": list(self.dilation),
-            "group": self.groups,
-            "offset_group": self.offset_groups,
-            "kernel_shape": list(self.kernel),
+            "group": 0 if self.groups is None else self.groups,
+            "offset_group": 0 if self.offset_groups is None else self.offset_groups,
         }
+        if self.kernel is not None:  # optional in ONNX: taken from the weight's shape
+            attributes["kernel_shape"] = list(self.kernel)
+        return attributes
+
+    def static(self, lowering: str) -> None:
+        """Raises LoweringError naming each size ``lowering`` needs as a number but the exporter does not know."""
+        unknown = [
+            name
+            for name, value in (("in_channels (input.shape[1])", self.in_channels),
+                                ("out_channels (weight.shape[0])", self.out_channels),
+                                ("the kernel size (weight.shape[2:])", self.kernel),
+                                ("groups", self.groups), ("offset_groups", self.offset_groups))  # fmt: skip
+            if value is None
+        ]
+        if unknown:
+            raise LoweringError(
+                f"deform_conv2d export ({lowering}): the graph is laid out by {', '.join(unknown)}, which the "
+                "exporter does not know here. Keep those dims static (out of dynamic_axes), or export with "
+                "lowering='custom' (any opset) or at opset >= 19 (ONNX DeformConv), which need none of them."
+            )
 
 
 def _ints(value) -> list[int]:
     return [int(value), int(value)] if isinstance(value, int) else [int(v) for v in value]
 
 
-def _static(b, value, what: str) -> list[int]:
+def _dims(b, value) -> list[int | None]:
+    """The 4 sizes the exporter knows (None where it does not; all None where not even the rank is known: the
+    op itself requires 4-D tensors)."""
     shape = b.static_shape(value)
-    if shape is None or len(shape) != 4:
-        raise LoweringError(f"deform_conv2d export: {what} must be a 4-D tensor of known rank, got shape {shape}")
-    return shape
+    return list(shape) if shape is not None and len(shape) == 4 else [None] * 4
 
 
 def _attributes(b, x, weight, offset, stride, padding, dilation, groups=None, offset_groups=None) -> Attributes:
-    x_shape, w_shape, o_shape = _static(b, x, "input"), _static(b, weight, "weight"), _static(b, offset, "offset")
-    if None in w_shape or x_shape[1] is None or o_shape[1] is None:
-        raise LoweringError(
-            "deform_conv2d export: the channel counts of input and offset and the whole weight shape must be "
-            f"static; got input {x_shape}, weight {w_shape}, offset {o_shape}"
-        )
-    kernel = (w_shape[2], w_shape[3])
-    groups = groups if groups is not None else x_shape[1] // w_shape[1]
-    offset_groups = offset_groups if offset_groups is not None else o_shape[1] // (2 * kernel[0] * kernel[1])
+    x_shape, w_shape, o_shape = _dims(b, x), _dims(b, weight), _dims(b, offset)
+    kernel = (w_shape[2], w_shape[3]) if None not in w_shape[2:] else None
+    if groups is None and x_shape[1] is not None and w_shape[1]:
+        groups = x_shape[1] // w_shape[1]
+    if offset_groups is None and o_shape[1] is not None and kernel is not None:
+        offset_groups = o_shape[1] // (2 * kernel[0] * kernel[1])
     return Attributes(
         tuple(stride), tuple(padding), tuple(dilation), groups, offset_groups, kernel, w_shape[0], x_shape[1]
     )
 
 
 def _out_sizes(b, x, a: Attributes) -> list[int | None]:
-    shape = b.static_shape(x)
+    shape = _dims(b, x)
     sizes = [shape[0], a.out_channels]
     for axis in (0, 1):
         size = shape[2 + axis]
+        if size is None or a.kernel is None:
+            sizes.append(None)
+            continue
         span = a.dilation[axis] * (a.kernel[axis] - 1) + 1
-        sizes.append(None if size is None else (size + 2 * a.padding[axis] - span) // a.stride[axis] + 1)
+        sizes.append((size + 2 * a.padding[axis] - span) // a.stride[axis] + 1)
     return sizes
 
 
 def _deform_conv_node(b, op_type, domain, x, weight, offset, bias, mask, a: Attributes):
     inputs = [x, weight, offset]
-    if bias is None and mask is not None:
-        bias = b.zeros(a.out_channels, like=x)  # B precedes mask in DeformConv's inputs
+    if bias is None and mask is not None:  # B precedes mask in DeformConv's inputs
+        bias = b.zeros(a.out_channels, like=x) if a.out_channels is not None else _zero_bias(b, weight)
     if bias is not None:
         inputs.append(bias)
     if mask is not None:
         inputs.append(mask)
-    out = b.op(op_type, *inputs, domain=domain, **a.onnx())
+    out = b.op(op_type, *inputs, domain=domain, **a.onnx(None if domain else "ONNX DeformConv"))
     b.set_type(out, x, _out_sizes(b, x, a))
     return out
+
+
+def _zero_bias(b, weight):
+    """Zeros [weight.shape[0]] of weight's element type, sized at run time."""
+    if b.opset < 15:
+        raise LoweringError(
+            "deform_conv2d export: a mask without a bias needs a zero bias of out_channels (weight.shape[0]) "
+            "elements, and the exporter does not know that size here; keep weight's shape static, or export at "
+            "opset >= 15"
+        )
+    channels = b.op("Gather", b.op("Shape", weight), b.constant([0]), axis=0)
+    return b.op("CastLike", b.op("ConstantOfShape", channels), weight)
 
 
 def _decomposed(b, x, weight, offset, bias, mask, a: Attributes):
@@ -339,9 +384,14 @@ def _decomposed(b, x, weight, offset, bias, mask, a: Attributes):
     masks (outside the image all four corners are padding zeros). Samples are laid out
     [N, P, offset group, tap, channel], which is already the MatMul's row-major [N*P, C*K] operand.
     """
+    if a.kernel is None:  # the taps are laid out in the graph
+        raise LoweringError(
+            "deform_conv2d export (the Gather + MatMul decomposition of opsets 9-18): the kernel size "
+            "(weight.shape[2:]) must be known to the exporter; keep weight's shape static, or export with "
+            "lowering='custom' (any opset) or at opset >= 19 (ONNX DeformConv)"
+        )
     kh, kw = a.kernel
-    taps, groups, offset_groups, channels = kh * kw, a.groups, a.offset_groups, a.in_channels
-    group_channels = channels // offset_groups
+    taps = kh * kw
     i64 = b.constant
 
     def const(value):
@@ -361,7 +411,32 @@ def _decomposed(b, x, weight, offset, bias, mask, a: Attributes):
     def shape(*parts):  # a Reshape target from ints and 1-D int64 tensors, with no -1 (empty batches stay valid)
         return b.op("Concat", *(i64(list(p)) if isinstance(p, tuple) else p for p in parts), axis=0)
 
-    x_shape, offset_shape = b.op("Shape", x), b.op("Shape", offset)
+    def size(known, runtime):
+        """A size as a 1-tuple (for shape()) where the exporter knows it, else its 1-D tensor computed at run time."""
+        return (known,) if known is not None else runtime()
+
+    def product(*parts):  # of sizes from size(): a 1-tuple if all are known
+        if all(isinstance(p, tuple) for p in parts):
+            return (math.prod(p[0] for p in parts),)
+        tensors = [i64(list(p)) if isinstance(p, tuple) else p for p in parts]
+        out = tensors[0]
+        for t in tensors[1:]:
+            out = b.op("Mul", out, t)
+        return out
+
+    def as_tensor(part):  # a size from size() as a 1-D int64 tensor
+        return i64(list(part)) if isinstance(part, tuple) else part
+
+    x_shape, offset_shape, w_shape = b.op("Shape", x), b.op("Shape", offset), b.op("Shape", weight)
+    channels = size(a.in_channels, lambda: dim(x_shape, [1]))
+    out_channels = size(a.out_channels, lambda: dim(w_shape, [0]))
+    per_group = size(a.in_channels // a.groups if a.in_channels and a.groups else None, lambda: dim(w_shape, [1]))
+    groups = size(a.groups, lambda: b.op("Div", as_tensor(channels), as_tensor(per_group)))
+    offset_groups = size(a.offset_groups, lambda: b.op("Div", dim(offset_shape, [1]), i64([2 * taps])))
+    group_channels = size(
+        a.in_channels // a.offset_groups if a.in_channels and a.offset_groups else None,
+        lambda: b.op("Div", as_tensor(channels), as_tensor(offset_groups)),
+    )
     batch, height, width = dim(x_shape, 0), dim(x_shape, 2), dim(x_shape, 3)
     out_w = dim(offset_shape, 3)
     pixels = b.op("Mul", dim(offset_shape, 2), out_w)
@@ -379,7 +454,7 @@ def _decomposed(b, x, weight, offset, bias, mask, a: Attributes):
                   _float_constant(b, x, tap_j * a.dilation[1] - a.padding[1]))  # fmt: skip
     # offset [N, 2*G*K, Ho, Wo] -> [N, P, G, K, 2]; dy, dx: [N, P, G, K]
     offsets = b.op(
-        "Transpose", b.op("Reshape", offset, shape(n_1d, (offset_groups, taps, 2), p_1d)), perm=[0, 4, 1, 2, 3]
+        "Transpose", b.op("Reshape", offset, shape(n_1d, offset_groups, (taps, 2), p_1d)), perm=[0, 4, 1, 2, 3]
     )
     # Positions clamped into [-1, H] x [-1, W]: a sample outside the image then reads padding only.
     y = clamp(b.op("Add", base_y, b.op("Gather", offsets, i64(0), axis=4)), const(-1.0), as_float(height))
@@ -388,23 +463,24 @@ def _decomposed(b, x, weight, offset, bias, mask, a: Attributes):
     ly, lx = b.op("Sub", y, y0), b.op("Sub", xs, x0)
     hy, hx = b.op("Sub", const(1.0), ly), b.op("Sub", const(1.0), lx)
     if mask is not None:  # [N, G*K, Ho, Wo] -> [N, P, G, K], folded into the row weights
-        m = b.op("Transpose", b.op("Reshape", mask, shape(n_1d, (offset_groups, taps), p_1d)), perm=[0, 3, 1, 2])
+        m = b.op("Transpose", b.op("Reshape", mask, shape(n_1d, offset_groups, (taps,), p_1d)), perm=[0, 3, 1, 2])
         hy, ly = b.op("Mul", hy, m), b.op("Mul", ly, m)
     # x [N, C, H, W] -> zero-padded channels-last rows [N * (H+3) * (W+3) * G, C/G]
     pads = [0, 0, 1, 1, 0, 0, 2, 2]
     padded = b.op("Pad", x, i64(pads)) if b.opset >= 11 else b.op("Pad", x, pads=pads)
-    rows = b.op("Reshape", b.op("Transpose", padded, perm=[0, 2, 3, 1]), i64([-1, group_channels]))
+    rows = b.op("Reshape", b.op("Transpose", padded, perm=[0, 2, 3, 1]), shape((-1,), group_channels))
     padded_w = b.op("Add", width, i64(3))
-    row_stride = b.op("Mul", padded_w, i64(offset_groups))  # rows between vertical neighbours
+    offset_groups_scalar = b.op("Reshape", as_tensor(offset_groups), i64([]))
+    row_stride = b.op("Mul", padded_w, offset_groups_scalar)  # rows between vertical neighbours
     first_row = b.op("Reshape", b.op("Mul", b.iota(batch), b.op("Add", height, i64(3))), i64([-1, 1, 1, 1]))
     iy = b.op("Cast", b.op("Add", y0, const(1.0)), to=7)  # INT64, in [0, H + 1]
     ix = b.op("Cast", b.op("Add", x0, const(1.0)), to=7)
     top_left = b.op(
         "Add",
-        b.op("Mul", b.op("Add", b.op("Mul", b.op("Add", first_row, iy), padded_w), ix), i64(offset_groups)),
-        b.op("Reshape", i64(list(range(offset_groups))), i64([-1, 1])),  # [G, 1]: the group's row in a pixel
+        b.op("Mul", b.op("Add", b.op("Mul", b.op("Add", first_row, iy), padded_w), ix), offset_groups_scalar),
+        b.op("Reshape", b.iota(offset_groups_scalar), i64([-1, 1])),  # [G, 1]: the group's row in a pixel
     )
-    right = i64(offset_groups)
+    right = offset_groups_scalar
     corners = (
         (top_left, hy, hx),
         (b.op("Add", top_left, right), hy, lx),
@@ -419,43 +495,43 @@ def _decomposed(b, x, weight, offset, bias, mask, a: Attributes):
         b.op("Mul", b.op("Gather", rows, index, axis=0), last_axis(b.op("Mul", wy, wx))) for index, wy, wx in corners
     ]  # each [N, P, G, K, C/G]
     sampled = b.op("Sum", *terms)
-    out_channels = a.out_channels
     # MatMul operands with no empty batch dimension (ORT's MatMul refuses to broadcast one): rows N*P.
     rows_1d = b.op("Mul", n_1d, p_1d)
-    if groups == 1:  # columns [N*P, G*K*C/G] x kernel [G*K*C/G, Co]
-        columns = b.op("Reshape", sampled, shape(rows_1d, (taps * channels,)))
+    if a.groups == 1:  # columns [N*P, G*K*C/G] x kernel [G*K*C/G, Co]
+        columns = b.op("Reshape", sampled, shape(rows_1d, product((taps,), channels)))
         kernel = b.op(
             "Transpose",
-            b.op("Reshape", b.op("Transpose", b.op("Reshape", weight, i64([out_channels, offset_groups,
-                 group_channels, taps])), perm=[0, 1, 3, 2]), i64([out_channels, -1])),
+            b.op("Reshape", b.op("Transpose", b.op("Reshape", weight, shape(out_channels, offset_groups,
+                 group_channels, (taps,))), perm=[0, 1, 3, 2]), shape(out_channels, (-1,))),
             perm=[1, 0],
         )  # fmt: skip
-        product = b.op("Reshape", b.op("MatMul", columns, kernel), shape(n_1d, p_1d, (out_channels,)))
-        out = b.op("Transpose", product, perm=[0, 2, 1])  # [N, Co, P]
+        product_ = b.op("Reshape", b.op("MatMul", columns, kernel), shape(n_1d, p_1d, out_channels))
+        out = b.op("Transpose", product_, perm=[0, 2, 1])  # [N, Co, P]
     else:  # per weight group: columns [groups, N*P, K*C/groups] x kernel [groups, K*C/groups, Co/groups]
-        per_group = channels // groups
+        out_per_group = (
+            (a.out_channels // a.groups,) if a.out_channels and a.groups
+            else b.op("Div", as_tensor(out_channels), as_tensor(groups))
+        )  # fmt: skip
         by_tap = b.op("Transpose", sampled, perm=[0, 1, 3, 2, 4])  # [N, P, K, G, C/G]
         columns = b.op(
-            "Transpose", b.op("Reshape", by_tap, shape(rows_1d, (taps, groups, per_group))), perm=[2, 0, 1, 3]
+            "Transpose", b.op("Reshape", by_tap, shape(rows_1d, (taps,), groups, per_group)), perm=[2, 0, 1, 3]
         )
-        columns = b.op("Reshape", columns, shape((groups,), rows_1d, (taps * per_group,)))
+        columns = b.op("Reshape", columns, shape(groups, rows_1d, product((taps,), per_group)))
         kernel = b.op(
             "Reshape",
-            b.op("Transpose", b.op("Reshape", weight, i64([groups, out_channels // groups, per_group, taps])),
+            b.op("Transpose", b.op("Reshape", weight, shape(groups, out_per_group, per_group, (taps,))),
                  perm=[0, 3, 2, 1]),
-            i64([groups, taps * per_group, out_channels // groups]),
+            shape(groups, product((taps,), per_group), out_per_group),
         )  # fmt: skip
-        product = b.op(
-            "Reshape", b.op("MatMul", columns, kernel), shape((groups,), n_1d, p_1d, (out_channels // groups,))
-        )
-        out = b.op("Transpose", product, perm=[1, 0, 3, 2])  # [N, groups, Co/groups, P]
+        product_ = b.op("Reshape", b.op("MatMul", columns, kernel), shape(groups, n_1d, p_1d, out_per_group))
+        out = b.op("Transpose", product_, perm=[1, 0, 3, 2])  # [N, groups, Co/groups, P]
     out_shape = b.op(
-        "Concat", b.op("Gather", offset_shape, i64([0]), axis=0), i64([out_channels]),
+        "Concat", b.op("Gather", offset_shape, i64([0]), axis=0), as_tensor(out_channels),
         b.op("Gather", offset_shape, i64([2, 3]), axis=0), axis=0,
     )  # fmt: skip
     out = b.op("Reshape", out, out_shape)
     if bias is not None:
-        out = b.op("Add", out, b.op("Reshape", bias, i64([1, out_channels, 1, 1])))
+        out = b.op("Add", out, b.op("Reshape", bias, shape((1,), out_channels, (1, 1))))
     return out
 
 

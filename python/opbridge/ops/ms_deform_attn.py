@@ -340,40 +340,36 @@ def reference(value, spatial_shapes, level_start_index, sampling_locations, atte
     return out.view(n, heads * channels, queries).transpose(1, 2).contiguous()
 
 
-# --- ONNX ---------------------------------------------------------------------------------------------------------
+# --- ONNX ----------------------------------------------------------------------------------------------------------
+#
+# No lowering needs a static size: heads, channels, levels, points, batch, keys and queries are all read from the
+# inputs' shapes at run time (Shape, Gather), so module code that computes them from traced shapes exports with the
+# TorchScript-based exporter too. Only the GridSample lowering loops over the levels in the graph; where the exporter
+# does not know their count, the level-free Gather lowering serves instead.
 
 
-def _static_dims(b, value, locations) -> tuple[int, int, int, int]:
-    """(heads, channels, levels, points): the exported graph needs them static; batch, S and Lq may vary."""
-    v, loc = b.static_shape(value), b.static_shape(locations)
-    if v is None or loc is None or len(v) != 4 or len(loc) != 6 or None in (v[2], v[3], loc[3], loc[4]):
-        raise LoweringError(
-            "ms_deform_attn export: value [N, S, M, D] and sampling_locations [N, Lq, M, L, P, 2] need a known "
-            f"rank and static M, D, L and P; got shapes {v} and {loc}"
-        )
-    return v[2], v[3], loc[3], loc[4]
+def _known(shape, rank: int, index: int) -> int | None:
+    return shape[index] if shape is not None and len(shape) == rank else None
 
 
 def _custom(b, value, spatial_shapes, level_start_index, locations, weights):
-    heads, channels, _, _ = _static_dims(b, value, locations)
     out = b.op("MultiScaleDeformableAttention", value, spatial_shapes, level_start_index, locations, weights,
                domain=specs.CUSTOM_DOMAIN)  # fmt: skip
     v, loc = b.static_shape(value), b.static_shape(locations)
-    b.set_type(out, value, [v[0], loc[1], heads * channels])
+    heads, channels = _known(v, 4, 2), _known(v, 4, 3)
+    b.set_type(out, value, [_known(v, 4, 0), _known(loc, 6, 1), heads * channels if heads and channels else None])
     return out
 
 
 class _Graph:
-    """Helpers shared by the two standard lowerings."""
+    """Sizes read at run time, and helpers shared by the standard lowerings."""
 
     def __init__(self, b, value, locations):
         self.b = b
         self.like = value
-        self.heads, self.channels, self.levels, self.points = _static_dims(b, value, locations)
         v_shape, loc_shape = b.op("Shape", value), b.op("Shape", locations)
-        self.n_1d = self.part(v_shape, 0)
-        self.s_1d = self.part(v_shape, 1)
-        self.lq_1d = self.part(loc_shape, 1)
+        self.n_1d, self.s_1d, self.m_1d, self.d_1d = (self.part(v_shape, i) for i in range(4))
+        self.lq_1d, self.p_1d = self.part(loc_shape, 1), self.part(loc_shape, 4)
 
     def part(self, shape, index):  # one dim of a Shape output, as a 1-D int64 tensor
         return self.b.op("Gather", shape, self.b.constant([index]), axis=0)
@@ -382,16 +378,11 @@ class _Graph:
         b = self.b
         return b.op("Concat", *(b.constant(list(p)) if isinstance(p, tuple) else p for p in parts), axis=0)
 
+    def scalar(self, one_d):
+        return self.b.op("Reshape", one_d, self.b.constant([]))
+
     def const(self, value: float):
         return self.b.constant_like(value, self.like)
-
-    def level(self, spatial_shapes, level_start_index, level: int):
-        """(H, W) as 1-D int64 tensors of one element, and the level's [start, end) in S."""
-        b = self.b
-        hw = b.op("Gather", spatial_shapes, b.constant(level), axis=0)  # [2]
-        height, width = self.part(hw, 0), self.part(hw, 1)
-        start = b.op("Gather", level_start_index, b.constant([level]), axis=0)
-        return height, width, start, b.op("Add", start, b.op("Mul", height, width))
 
     def as_float(self, value):
         b = self.b
@@ -399,11 +390,11 @@ class _Graph:
             b.op("CastLike", value, self.like) if b.opset >= 15 else b.op("Cast", value, to=_onnx_dtype(b, self.like))
         )
 
-    def reduce_sum(self, value, axis: int):
+    def reduce_sum(self, value, axes: list[int]):
         b = self.b
         if b.opset >= 13:
-            return b.op("ReduceSum", value, b.constant([axis]), keepdims=0)
-        return b.op("ReduceSum", value, axes=[axis], keepdims=0)
+            return b.op("ReduceSum", value, b.constant(axes), keepdims=0)
+        return b.op("ReduceSum", value, axes=axes, keepdims=0)
 
     def unsqueeze(self, value, axis: int):
         b = self.b
@@ -413,88 +404,101 @@ class _Graph:
 def _onnx_dtype(b, like) -> int:
     import onnx
 
-    return {torch.float32: onnx.TensorProto.FLOAT, torch.float64: onnx.TensorProto.DOUBLE}[b.dtype(like)]
+    return {torch.float32: onnx.TensorProto.FLOAT, torch.float64: onnx.TensorProto.DOUBLE}[b.dtype(like, "value")]
+
+
+def _levels(b, spatial_shapes, locations, weights) -> int | None:
+    """The number of levels if the exporter knows it (from any of the three inputs that carry it)."""
+    candidates = (_known(b.static_shape(spatial_shapes), 2, 0), _known(b.static_shape(locations), 6, 3),
+                  _known(b.static_shape(weights), 5, 3))  # fmt: skip
+    return next((c for c in candidates if c is not None), None)
 
 
 def _grid_sample(b, value, spatial_shapes, level_start_index, locations, weights):
-    """GridSample per level (opset >= 16), as Deformable DETR's pure-PyTorch path. float64 below opset 20 takes
-    the Gather decomposition instead: ONNX Runtime has no float64 kernel of GridSample-16."""
-    if b.opset < 20 and b.dtype(value, "value") == torch.float64:
+    """GridSample per level (opset >= 16), as Deformable DETR's pure-PyTorch path. The Gather lowering serves
+    instead where the number of levels is unknown to the exporter, and for float64 below opset 20 (ONNX Runtime has
+    no float64 kernel of GridSample-16)."""
+    levels = _levels(b, spatial_shapes, locations, weights)
+    if levels is None or (b.opset < 20 and b.dtype(value, "value") == torch.float64):
         return _gathered(b, value, spatial_shapes, level_start_index, locations, weights)
     g = _Graph(b, value, locations)
-    heads, channels, points = g.heads, g.channels, g.points
-    nm_1d = b.op("Mul", g.n_1d, b.constant([heads]))
+    spatial_shapes = b.op("Cast", spatial_shapes, to=7)  # any integer type: INT64
+    level_start_index = b.op("Cast", level_start_index, to=7)
+    nm_1d = b.op("Mul", g.n_1d, g.m_1d)
     # value [N, S, M, D] -> [N*M, D, S]; grids [N, Lq, M, L, P, 2] -> [N, M, L, Lq, P, 2] in [-1, 1]
-    planes = b.op("Reshape", b.op("Transpose", value, perm=[0, 2, 3, 1]), g.shape(nm_1d, (channels,), g.s_1d))
+    planes = b.op("Reshape", b.op("Transpose", value, perm=[0, 2, 3, 1]), g.shape(nm_1d, g.d_1d, g.s_1d))
     grids = b.op("Transpose", b.op("Sub", b.op("Mul", locations, g.const(2.0)), g.const(1.0)), perm=[0, 2, 3, 1, 4, 5])
     attention = b.op("Transpose", weights, perm=[0, 2, 3, 1, 4])  # [N, M, L, Lq, P]
     mode = "linear" if b.opset >= 20 else "bilinear"
     out = None
-    for level in range(g.levels):
-        height, width, start, end = g.level(spatial_shapes, level_start_index, level)
+    for level in range(levels):
+        hw = b.op("Gather", spatial_shapes, b.constant(level), axis=0)  # [2]
+        height, width = g.part(hw, 0), g.part(hw, 1)
+        start = b.op("Gather", level_start_index, b.constant([level]), axis=0)
+        end = b.op("Add", start, b.op("Mul", height, width))
         plane = b.op("Slice", planes, start, end, b.constant([2]))
-        plane = b.op("Reshape", plane, g.shape(nm_1d, (channels,), height, width))
-        grid = b.op("Reshape", b.op("Gather", grids, b.constant(level), axis=2), g.shape(nm_1d, g.lq_1d, (points, 2)))
+        plane = b.op("Reshape", plane, g.shape(nm_1d, g.d_1d, height, width))
+        grid = b.op("Reshape", b.op("Gather", grids, b.constant(level), axis=2), g.shape(nm_1d, g.lq_1d, g.p_1d, (2,)))
         sampled = b.op("GridSample", plane, grid, align_corners=0, mode=mode, padding_mode="zeros")  # [NM, D, Lq, P]
         weight = b.op("Reshape", b.op("Gather", attention, b.constant(level), axis=2),
-                      g.shape(nm_1d, (1,), g.lq_1d, (points,)))  # fmt: skip
-        term = g.reduce_sum(b.op("Mul", sampled, weight), 3)  # [NM, D, Lq]
+                      g.shape(nm_1d, (1,), g.lq_1d, g.p_1d))  # fmt: skip
+        term = g.reduce_sum(b.op("Mul", sampled, weight), [3])  # [NM, D, Lq]
         out = term if out is None else b.op("Add", out, term)
-    out = b.op("Reshape", out, g.shape(g.n_1d, (heads * channels,), g.lq_1d))
+    out = b.op("Reshape", out, g.shape(g.n_1d, b.op("Mul", g.m_1d, g.d_1d), g.lq_1d))
     return b.op("Transpose", out, perm=[0, 2, 1])
 
 
 def _gathered(b, value, spatial_shapes, level_start_index, locations, weights):
-    """Bilinear sampling from Gather (opset 11-15): per level, the map goes zero-padded (1 row/column before,
-    2 after) into rows of D channels, one per (pixel, head); positions clamped into [-1, H] x [-1, W] then read
-    padding only when outside (NaN counts as outside), so no validity masks are needed."""
+    """Bilinear sampling from Gather (opset >= 11), every level at once: each sample's level gives its map's size
+    and start in S by broadcasting over the level axis, so neither the number of levels nor any other size needs
+    to be known to the exporter. value goes into rows of D channels, one per (n, key, head); each of a sample's four
+    corners reads one row, weighted by its bilinear weight times the attention weight, and by zero where the corner
+    lies outside its map (NaN positions count as outside)."""
     g = _Graph(b, value, locations)
-    heads, channels = g.heads, g.channels
     i64 = b.constant
-    # value [N, S, M, D] -> [N, S, M*D]
-    flat = b.op("Reshape", value, g.shape(g.n_1d, g.s_1d, (heads * channels,)))
-    batch = b.op("Reshape", g.n_1d, i64([]))
-    head_of_row = b.op("Reshape", i64(list(range(heads))), i64([heads, 1]))  # broadcasts over [N, Lq, M, P]
-    out = None
-    for level in range(g.levels):
-        height, width, start, end = g.level(spatial_shapes, level_start_index, level)
-        plane = b.op(
-            "Reshape", b.op("Slice", flat, start, end, i64([1])), g.shape(g.n_1d, height, width, (heads * channels,))
+    shapes = b.op("Cast", spatial_shapes, to=7)  # any integer type: INT64
+    starts = b.op("Reshape", b.op("Cast", level_start_index, to=7), i64([-1, 1]))  # [L, 1]: broadcasts over P
+    heights = b.op("Reshape", b.op("Gather", shapes, i64(0), axis=1), i64([-1, 1]))
+    widths = b.op("Reshape", b.op("Gather", shapes, i64(1), axis=1), i64([-1, 1]))
+    heights_f, widths_f = g.as_float(heights), g.as_float(widths)
+
+    def position(axis, size):
+        # Clamped into [-2, size] (NaN to -2): a position outside the map stays outside, and the casts below
+        # only meet finite values.
+        p = b.op("Sub", b.op("Mul", b.op("Gather", locations, i64(axis), axis=5), size), g.const(0.5))
+        p = b.op("Where", b.op("IsNaN", p), g.const(-2.0), p)
+        return b.op("Max", b.op("Min", p, size), g.const(-2.0))
+
+    x, y = position(0, widths_f), position(1, heights_f)  # [N, Lq, M, L, P]
+    x0, y0 = b.op("Floor", x), b.op("Floor", y)
+    lx, ly = b.op("Sub", x, x0), b.op("Sub", y, y0)
+    hx, hy = b.op("Sub", g.const(1.0), lx), b.op("Sub", g.const(1.0), ly)
+    hy, ly = b.op("Mul", hy, weights), b.op("Mul", ly, weights)
+    last_x, last_y = b.op("Sub", widths_f, g.const(1.0)), b.op("Sub", heights_f, g.const(1.0))
+    zero = g.const(0.0)
+    heads = g.scalar(g.m_1d)
+    # The row of (n, key, m) is (n * S + key) * M + m; key = start + cy * W + cx.
+    batch_base = b.op("Reshape", b.op("Mul", b.iota(g.scalar(g.n_1d)), g.scalar(g.s_1d)), i64([-1, 1, 1, 1, 1]))
+    head_of_row = b.op("Reshape", b.iota(heads), i64([-1, 1, 1]))  # broadcasts over [N, Lq, M, L, P]
+    rows = b.op("Reshape", value, g.shape(b.op("Mul", b.op("Mul", g.n_1d, g.s_1d), g.m_1d), g.d_1d))  # [N*S*M, D]
+    terms = []
+    for dy, dx, wy, wx in ((0, 0, hy, hx), (0, 1, hy, lx), (1, 0, ly, hx), (1, 1, ly, lx)):
+        cx = b.op("Add", x0, g.const(float(dx))) if dx else x0
+        cy = b.op("Add", y0, g.const(float(dy))) if dy else y0
+        inside = b.op(
+            "And",
+            b.op("And", b.op("Not", b.op("Less", cx, zero)), b.op("Not", b.op("Greater", cx, last_x))),
+            b.op("And", b.op("Not", b.op("Less", cy, zero)), b.op("Not", b.op("Greater", cy, last_y))),
         )
-        pads = [0, 1, 1, 0, 0, 2, 2, 0]
-        plane = b.op("Pad", plane, i64(pads)) if b.opset >= 11 else b.op("Pad", plane, pads=pads)
-        rows = b.op("Reshape", plane, i64([-1, channels]))  # ((n * (H+3) + y) * (W+3) + x) * M + m
-        loc = b.op("Gather", locations, i64(level), axis=3)  # [N, Lq, M, P, 2]
-        size_w, size_h = g.as_float(width), g.as_float(height)
-
-        def position(axis, size, loc=loc):
-            p = b.op("Sub", b.op("Mul", b.op("Gather", loc, i64(axis), axis=4), size), g.const(0.5))
-            p = b.op("Where", b.op("IsNaN", p), g.const(-1.0), p)
-            if b.opset >= 12:
-                return b.op("Clip", p, g.const(-1.0), b.op("Reshape", size, i64([])))
-            return b.op("Max", b.op("Min", p, size), g.const(-1.0))
-
-        x, y = position(0, size_w), position(1, size_h)
-        x0, y0 = b.op("Floor", x), b.op("Floor", y)
-        lx, ly = b.op("Sub", x, x0), b.op("Sub", y, y0)
-        hx, hy = b.op("Sub", g.const(1.0), lx), b.op("Sub", g.const(1.0), ly)
-        attention = b.op("Gather", weights, i64(level), axis=3)  # [N, Lq, M, P]
-        hy, ly = b.op("Mul", hy, attention), b.op("Mul", ly, attention)
-        padded_w = b.op("Reshape", b.op("Add", width, i64([3])), i64([]))
-        padded_h = b.op("Reshape", b.op("Add", height, i64([3])), i64([]))
-        first = b.op("Reshape", b.op("Mul", b.iota(batch), padded_h), i64([-1, 1, 1, 1]))
-        iy = b.op("Cast", b.op("Add", y0, g.const(1.0)), to=7)  # INT64, in [0, H + 1]
-        ix = b.op("Cast", b.op("Add", x0, g.const(1.0)), to=7)
-        top_left = b.op("Add", b.op("Mul", b.op("Add", b.op("Mul", b.op("Add", first, iy), padded_w), ix), i64(heads)),
-                        head_of_row)  # fmt: skip
-        right, down = i64(heads), b.op("Mul", padded_w, i64(heads))
-        corners = ((top_left, hy, hx), (b.op("Add", top_left, right), hy, lx), (b.op("Add", top_left, down), ly, hx),
-                   (b.op("Add", b.op("Add", top_left, down), right), ly, lx))  # fmt: skip
-        terms = [b.op("Mul", b.op("Gather", rows, index, axis=0), g.unsqueeze(b.op("Mul", wy, wx), 4))
-                 for index, wy, wx in corners]  # fmt: skip  # each [N, Lq, M, P, D]
-        term = g.reduce_sum(b.op("Sum", *terms), 3)  # [N, Lq, M, D]
-        out = term if out is None else b.op("Add", out, term)
-    return b.op("Reshape", out, g.shape(g.n_1d, g.lq_1d, (heads * channels,)))
+        weight = b.op("Where", inside, b.op("Mul", wy, wx), zero)
+        # Clamped into the map so that every index is valid (its weight is zero where it was outside).
+        ix = b.op("Cast", b.op("Max", b.op("Min", cx, last_x), zero), to=7)
+        iy = b.op("Cast", b.op("Max", b.op("Min", cy, last_y), zero), to=7)
+        key = b.op("Add", starts, b.op("Add", b.op("Mul", iy, widths), ix))
+        row = b.op("Add", b.op("Mul", b.op("Add", batch_base, key), heads), head_of_row)
+        terms.append(b.op("Mul", b.op("Gather", rows, row, axis=0), g.unsqueeze(weight, 5)))  # [N, Lq, M, L, P, D]
+    out = g.reduce_sum(b.op("Sum", *terms), [3, 4])  # [N, Lq, M, D]
+    return b.op("Reshape", out, g.shape(g.n_1d, g.lq_1d, b.op("Mul", g.m_1d, g.d_1d)))
 
 
 _LOWERINGS = [
@@ -520,6 +524,21 @@ class _FunctionModel(torch.nn.Module):
     def forward(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
         return MSDeformAttnFunction.apply(value, spatial_shapes, level_start_index, sampling_locations,
                                           attention_weights, 64)  # fmt: skip
+
+
+class _ShapeReadingModel(torch.nn.Module):
+    """The op as module code often calls it: head size, levels and points read from the traced shapes
+    (``N, S, C = value.shape; value.view(N, S, heads, C // heads)``), so the exporter sees computed sizes."""
+
+    def forward(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+        flat = value.flatten(2)  # [N, S, C], as a value projection gives it
+        n, keys, embed = flat.shape
+        heads = _HEADS  # a module's constant, as in real layers
+        queries, levels, points = sampling_locations.shape[1], spatial_shapes.shape[0], attention_weights.shape[-1]
+        v = flat.view(n, keys, heads, embed // heads)
+        locations = sampling_locations.reshape(n, queries, -1).view(n, queries, heads, levels, points, 2)
+        weights = attention_weights.reshape(n, queries, -1).view(n, queries, heads, levels, points)
+        return ms_deform_attn(v, spatial_shapes, level_start_index, locations, weights)
 
 
 def sample_inputs(dtype: torch.dtype, batch: int, levels=_LEVELS, queries: int = _QUERIES, heads: int = _HEADS,
@@ -560,7 +579,7 @@ specs.register(
             int64_inputs=("spatial_shapes", "level_start_index"),
         ),
         dtypes=(torch.float32, torch.float64),
-        call_paths={"torch.ops": _OpModel, "autograd.Function": _FunctionModel},
+        call_paths={"torch.ops": _OpModel, "autograd.Function": _FunctionModel, "shape-reading": _ShapeReadingModel},
         sample_inputs=_sample_inputs,
         input_names=("value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"),
         reference=reference,

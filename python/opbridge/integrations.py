@@ -1,0 +1,191 @@
+"""opbridge's ops inside other libraries' models, with one call: :func:`patch_model`.
+
+Hugging Face transformers carries multi-scale deformable attention (MSDA) as a pure-PyTorch ``grid_sample`` loop
+in many model families. ``patch_model(model)`` finds those layers in a built model and makes them call
+:func:`opbridge.ms_deform_attn` (the C++ kernel: faster eager CPU forward and backward; one ONNX node or a
+dynamic-shape standard lowering at export), and gives back a :class:`Patch` that undoes it. What it serves:
+
+* the layer transformers marks for faster kernels (``@use_kernel_forward_from_hub("MultiScaleDeformableAttention")``:
+  Deformable DETR, RT-DETR, Grounding DINO, MM Grounding DINO, OmDet-Turbo, LW-DETR, RF-DETR, PP-DocLayout v2-v4 and
+  any later family with that layer): found by its class name and call signature, its instances get opbridge's
+  forward, as transformers' own ``kernels`` extension point would swap it (that path needs a ``kernels`` release in
+  the range the installed transformers accepts, and has no CPU mapping for this layer);
+* ``multi_scale_deformable_attention`` of Mask2Former and OneFormer (the same function without
+  ``level_start_index``): a module-level function, swapped in its module while the patch is active;
+* ``multi_scale_deformable_attention_v2`` of RT-DETR v2, D-FINE and DEIMv2: served where it computes MSDA (bilinear
+  ``method="default"`` with the same number of points on every level); per-level point counts and the
+  ``"discrete"`` (nearest, border-clamped) method fall through to the library's own function.
+
+Every replacement hands the call back to the library's own code where opbridge's op cannot serve it (a CUDA
+tensor, a dtype other than float32/float64), so a patched model never fails where the unpatched one works.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+#: The layer name transformers gives the MSDA layer in its kernel hub hook.
+HUB_LAYER_NAME = "MultiScaleDeformableAttention"
+_HUB_PARAMETERS = ("value", "value_spatial_shapes", "value_spatial_shapes_list", "level_start_index",
+                   "sampling_locations", "attention_weights", "im2col_step")  # fmt: skip
+_SERVED_DTYPES = (torch.float32, torch.float64)
+
+
+def _served(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype in _SERVED_DTYPES and t.device.type == "cpu" for t in tensors)
+
+
+def _level_table(value_spatial_shapes) -> tuple[torch.Tensor, torch.Tensor]:
+    """(spatial_shapes [L, 2] int64, level_start_index [L]) from a tensor or a list of (H, W)."""
+    if isinstance(value_spatial_shapes, torch.Tensor):
+        shapes = value_spatial_shapes.to(torch.int64)
+    else:
+        shapes = torch.stack(
+            [torch.scalar_tensor(size, dtype=torch.int64) for pair in value_spatial_shapes for size in pair]
+        ).view(-1, 2)
+    areas = shapes[:, 0] * shapes[:, 1]
+    return shapes, torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]])
+
+
+def _hub_layer_forward(self, value, value_spatial_shapes, value_spatial_shapes_list, level_start_index,
+                       sampling_locations, attention_weights, im2col_step):  # fmt: skip
+    """The forward of transformers' ``MultiScaleDeformableAttention`` layer, on opbridge's op."""
+    from .ops.ms_deform_attn import ms_deform_attn
+
+    if not _served(value, sampling_locations, attention_weights):
+        return type(self).forward(self, value, value_spatial_shapes, value_spatial_shapes_list, level_start_index,
+                                  sampling_locations, attention_weights, im2col_step)  # fmt: skip
+    return ms_deform_attn(value, value_spatial_shapes.to(torch.int64), level_start_index.to(torch.int64),
+                          sampling_locations, attention_weights)  # fmt: skip
+
+
+def _function_v1(original: Callable) -> Callable:
+    """Mask2Former's / OneFormer's ``multi_scale_deformable_attention(value, value_spatial_shapes,
+    sampling_locations, attention_weights)`` on opbridge's op."""
+
+    @functools.wraps(original)
+    def multi_scale_deformable_attention(value, value_spatial_shapes, sampling_locations, attention_weights):
+        from .ops.ms_deform_attn import ms_deform_attn
+
+        if not _served(value, sampling_locations, attention_weights):
+            return original(value, value_spatial_shapes, sampling_locations, attention_weights)
+        shapes, starts = _level_table(value_spatial_shapes)
+        return ms_deform_attn(value, shapes, starts, sampling_locations, attention_weights)
+
+    multi_scale_deformable_attention.__opbridge_original__ = original
+    return multi_scale_deformable_attention
+
+
+def _function_v2(original: Callable) -> Callable:
+    """RT-DETR v2's / D-FINE's / DEIMv2's ``multi_scale_deformable_attention_v2(value, value_spatial_shapes,
+    sampling_locations [N, Lq, M, sum(P_l), 2], attention_weights [N, Lq, M, sum(P_l)], num_points_list,
+    method)``: MSDA where every level has the same number of points and the sampling is bilinear."""
+
+    @functools.wraps(original)
+    def multi_scale_deformable_attention_v2(value, value_spatial_shapes, sampling_locations, attention_weights,
+                                            num_points_list, method="default"):  # fmt: skip
+        from .ops.ms_deform_attn import ms_deform_attn
+
+        points = [int(p) for p in num_points_list]
+        if method != "default" or len(set(points)) != 1 or not _served(value, sampling_locations, attention_weights):
+            return original(value, value_spatial_shapes, sampling_locations, attention_weights, num_points_list,
+                            method)  # fmt: skip
+        n, queries, heads = sampling_locations.shape[:3]
+        levels, per_level = len(points), points[0]
+        shapes, starts = _level_table(value_spatial_shapes)
+        locations = sampling_locations.reshape(n, queries, heads, levels, per_level, 2)
+        weights = attention_weights.reshape(n, queries, heads, levels, per_level)
+        return ms_deform_attn(value, shapes, starts, locations, weights)
+
+    multi_scale_deformable_attention_v2.__opbridge_original__ = original
+    return multi_scale_deformable_attention_v2
+
+
+#: function name -> wrapper, for the module-level MSDA functions of transformers' families.
+_FUNCTIONS = {"multi_scale_deformable_attention": _function_v1, "multi_scale_deformable_attention_v2": _function_v2}
+
+
+@dataclass
+class Patch:
+    """What :func:`patch_model` changed; ``restore()`` (or leaving a ``with`` block) undoes it."""
+
+    #: "<qualified class name>" of each layer instance whose forward was swapped, and "<module>.<function>" of
+    #: each swapped function or instance attribute.
+    swapped: list[str] = field(default_factory=list)
+    _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+        self.swapped.clear()
+
+    def __enter__(self) -> Patch:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.restore()
+
+    def __bool__(self) -> bool:
+        return bool(self.swapped)
+
+
+def is_hub_msda_layer(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is transformers' MSDA layer (class name and forward signature, not a hand list)."""
+    cls = type(module)
+    if cls.__name__ != HUB_LAYER_NAME or not cls.__module__.startswith("transformers."):
+        return False
+    if getattr(cls, "kernel_layer_name", HUB_LAYER_NAME) != HUB_LAYER_NAME:
+        return False
+    try:
+        parameters = tuple(inspect.signature(cls.forward).parameters)[1:]
+    except (TypeError, ValueError):
+        return False
+    return parameters == _HUB_PARAMETERS
+
+
+def patch_model(model: torch.nn.Module) -> Patch:
+    """Makes the multi-scale deformable attention of a transformers model run on opbridge's op (see the module
+    docs for what is served); returns a :class:`Patch` whose ``restore()`` undoes it (also a context manager).
+
+    The model computes what it computed before (float64: to ~1e-12), trains (opbridge's C++ backward) and exports
+    with either exporter (``opbridge::MultiScaleDeformableAttention`` with the ``custom`` lowering, standard ONNX
+    ops otherwise, with a dynamic image size). Raises TypeError if ``model`` is not an ``nn.Module``;
+    ``bool(patch)`` is False where the model has nothing opbridge serves.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"opbridge.patch_model: expected a torch.nn.Module, got {type(model).__name__}")
+    patch = Patch()
+    modules_seen: set[str] = set()
+    for module in model.modules():
+        cls = type(module)
+        if is_hub_msda_layer(module) and "forward" not in vars(module):
+            module.forward = types.MethodType(_hub_layer_forward, module)
+            patch._undo.append(functools.partial(vars(module).pop, "forward", None))
+            patch.swapped.append(f"{cls.__module__}.{cls.__qualname__}")
+        # D-FINE / DEIMv2 bind the function at construction: swap the instance attribute.
+        core = vars(module).get("ms_deformable_attn_core")
+        if callable(core) and getattr(core, "__name__", "") in _FUNCTIONS and not hasattr(core, "__opbridge_original__"):
+            module.ms_deformable_attn_core = _FUNCTIONS[core.__name__](core)
+            patch._undo.append(functools.partial(setattr, module, "ms_deformable_attn_core", core))
+            patch.swapped.append(f"{cls.__module__}.{cls.__qualname__}.ms_deformable_attn_core")
+        modules_seen.add(cls.__module__)
+    # Mask2Former, OneFormer, RT-DETR v2 call a module-level function at call time: swap it in the module.
+    for name in sorted(modules_seen):
+        source = sys.modules.get(name)
+        if source is None or not name.startswith("transformers."):
+            continue
+        for function_name, wrap in _FUNCTIONS.items():
+            original = getattr(source, function_name, None)
+            if callable(original) and not hasattr(original, "__opbridge_original__"):
+                setattr(source, function_name, wrap(original))
+                patch._undo.append(functools.partial(setattr, source, function_name, original))
+                patch.swapped.append(f"{name}.{function_name}")
+    return patch
