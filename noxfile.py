@@ -9,6 +9,8 @@
     nox -s bench_layers   the torch ops on the stable-ABI layer against the classic layer, same torch
     nox -s coverage       which PyTorch ops export correctly, per exporter and opset, without and with opbridge
                           (PyTorch's op database through both exporters into ORT): docs/coverage.md
+    nox -s models         real models (torchvision, transformers) through both exporters into ORT, without and with
+                          opbridge: docs/models.md
     nox -s fuzz           10,000 hostile cases per op target (tests/fuzz.py); `-- --cases N --seed S`
     nox -s sanitize       both libraries under ASan + UBSan: kernel tests, fuzzer, concurrency, leak check
     nox -t matrix         the release matrix: the stable-ABI wheel (torch >= 2.10), the classic wheels of
@@ -149,6 +151,19 @@ def coverage(session: nox.Session) -> None:
         "--budget-minutes", "35",
     ]  # fmt: skip
     session.run("python", "-m", "opbridge", "coverage", *arguments)
+
+
+@nox.session(default=False)
+def models(session: nox.Session) -> None:
+    """The model sweep (torchvision and transformers models through both exporters into ORT, without and with
+    opbridge, one process per case): docs/models.md and reports/models.json. `-- --models 'transformers.*'` for a
+    part, `-- --case ID` to replay one case."""
+    install_opbridge(session)
+    (ROOT / "reports").mkdir(exist_ok=True)
+    arguments = session.posargs or [
+        "--json", str(ROOT / "reports" / "models.json"), "--markdown", str(ROOT / "docs" / "models.md"),
+    ]  # fmt: skip
+    session.run("python", "-m", "opbridge", "models", *arguments)
 
 
 @nox.session(default=False)

@@ -44,7 +44,6 @@ def _load_now() -> None:
 
     _C = _extension.load()
     from . import _slices, nn, onnx, ops, specs  # noqa: F401
-
     from .integrations import patch_model
 
     globals().update(_slices.public_names(), patch_model=patch_model)

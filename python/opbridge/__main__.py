@@ -8,7 +8,8 @@ import importlib
 import sys
 
 MODULES = {"parity": "opbridge.parity", "inspect": "opbridge_ort.inspect", "bench": "opbridge.bench",
-           "ops": "opbridge.catalog", "coverage": "opbridge.coverage"}  # fmt: skip
+           "ops": "opbridge.catalog", "coverage": "opbridge.coverage",
+           "models": "opbridge.models"}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

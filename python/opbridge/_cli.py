@@ -18,6 +18,8 @@ COMMANDS = {
     "bench": "the benchmarks, with ratios against baselines measured in the same run",
     "ops": "the table of opbridge's ops and mappings (docs/ops.md)",
     "coverage": "the coverage sweep: PyTorch's op samples through both exporters into ORT, without and with opbridge",
+    "models": "the model sweep: torchvision and transformers models through both exporters into ORT, without and with "
+    "opbridge",
 }
 
 
@@ -94,4 +96,24 @@ def coverage_parser() -> argparse.ArgumentParser:
     return parser
 
 
-PARSERS = {"parity": parity_parser, "bench": bench_parser, "ops": ops_parser, "coverage": coverage_parser}
+def models_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m opbridge models", description=COMMANDS["models"] + ".")
+    parser.add_argument("--models", nargs="+", help="model names or patterns (default: all), e.g. 'transformers.*'")
+    parser.add_argument("--fast", action="store_true", help="the fast subset (what `nox -s tests` runs)")
+    parser.add_argument("--exporters", nargs="+", choices=EXPORTERS, help="exporters (default: both)")
+    parser.add_argument("--case", help="replay one case by its id, e.g. with:torchvision.resnet18:legacy17")
+    parser.add_argument("--timing", action="store_true", help="with --case: also time eager and ORT")
+    parser.add_argument("--json-line", action="store_true", help="with --case: print the result as one JSON line")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per case (default 300)")
+    parser.add_argument("--json", type=Path, help="write every case here (reports/models.json)")
+    parser.add_argument("--markdown", type=Path, help="write the report here (docs/models.md)")
+    return parser
+
+
+PARSERS = {
+    "parity": parity_parser,
+    "bench": bench_parser,
+    "ops": ops_parser,
+    "coverage": coverage_parser,
+    "models": models_parser,
+}

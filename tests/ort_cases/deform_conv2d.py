@@ -161,7 +161,8 @@ def check_deform_conv2d_bad_input(library: str) -> None:
     feeds, attributes = deform_case(rng, np.float32)
     bad_attributes = [
         ({"group": 3}, "group(s) must divide"),
-        ({"group": 0}, "group(s) must divide"),
+        ({"group": -2}, "group(s) must divide"),
+        ({"offset_group": -1}, "offset group(s) must divide"),
         ({"offset_group": 3}, "offset group(s) must divide"),
         ({"pads": [1, 0]}, "pads 4"),
         ({"pads": [-1, 0, -1, 0]}, "pads must not be negative"),
@@ -177,6 +178,12 @@ def check_deform_conv2d_bad_input(library: str) -> None:
     for change, fragment in bad_attributes:
         sess = session(library, deform_model(np.float32, **{**attributes, **change}))
         expect_error(lambda sess=sess: sess.run(None, feeds), "opbridge::DeformConv2d", fragment)
+    # group = offset_group = 0: inferred from the shapes (what an export writes where the exporter does not know the
+    # channel counts), giving what the true counts give.
+    (expected,) = session(library, deform_model(np.float32, **attributes)).run(None, feeds)
+    inferred = session(library, deform_model(np.float32, **{**attributes, "group": 0, "offset_group": 0}))
+    np.testing.assert_array_equal(inferred.run(None, feeds)[0], expected)
+    assert attributes["group"] > 1 and attributes["offset_group"] > 1, "the case must not be the default groups"
     # Attributes of the wrong type are errors, never silently replaced by a default: an integer given as a float
     # fails at load; a list given as floats or a string reads as an empty list, which fails at run.
     wrong_types = [({"group": 2.0}, "attribute 'group' must be an integer"), ({"strides": [1.0, 2.0]}, "need 2 values"),

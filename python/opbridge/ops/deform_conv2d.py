@@ -292,23 +292,6 @@ class Attributes:
             attributes["kernel_shape"] = list(self.kernel)
         return attributes
 
-    def static(self, lowering: str) -> None:
-        """Raises LoweringError naming each size ``lowering`` needs as a number but the exporter does not know."""
-        unknown = [
-            name
-            for name, value in (("in_channels (input.shape[1])", self.in_channels),
-                                ("out_channels (weight.shape[0])", self.out_channels),
-                                ("the kernel size (weight.shape[2:])", self.kernel),
-                                ("groups", self.groups), ("offset_groups", self.offset_groups))  # fmt: skip
-            if value is None
-        ]
-        if unknown:
-            raise LoweringError(
-                f"deform_conv2d export ({lowering}): the graph is laid out by {', '.join(unknown)}, which the "
-                "exporter does not know here. Keep those dims static (out of dynamic_axes), or export with "
-                "lowering='custom' (any opset) or at opset >= 19 (ONNX DeformConv), which need none of them."
-            )
-
 
 def _ints(value) -> list[int]:
     return [int(value), int(value)] if isinstance(value, int) else [int(v) for v in value]
@@ -569,6 +552,9 @@ def _torchvision_args(b, x, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, 
 def _lowerings(parse) -> list[specs.Lowering]:
     def deform_conv(b, *args):
         x, weight, offset, bias, mask, a = parse(b, *args)
+        if a.groups is None or a.offset_groups is None:
+            # DeformConv's group attributes must be numbers; the decomposition reads them at run time.
+            return _decomposed(b, x, weight, offset, bias, mask, a)
         return _deform_conv_node(b, "DeformConv", "", x, weight, offset, bias, mask, a)
 
     def decomposed(b, *args):
@@ -580,7 +566,12 @@ def _lowerings(parse) -> list[specs.Lowering]:
         return _deform_conv_node(b, "DeformConv2d", specs.CUSTOM_DOMAIN, x, weight, offset, bias, mask, a)
 
     return [
-        specs.Lowering("standard", deform_conv, min_opset=19, note="DeformConv"),
+        specs.Lowering(
+            "standard",
+            deform_conv,
+            min_opset=19,
+            note="DeformConv (the decomposition where the exporter does not know the group counts)",
+        ),
         specs.Lowering("standard", decomposed, min_opset=9, max_opset=18, note="Gather + MatMul decomposition"),
         specs.Lowering("custom", custom, min_opset=9, note="opbridge::DeformConv2d"),
     ]

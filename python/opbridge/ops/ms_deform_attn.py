@@ -23,7 +23,6 @@ import torch
 from torch import Tensor
 
 from .. import _checks, specs
-from ..specs import LoweringError
 
 #: Public names: ``opbridge.<name>``; ``NN_MODULES`` go to ``opbridge.nn``.
 __all__ = ["MSDeformAttnFunction", "ms_deform_attn", "ms_deform_attn_level_table"]

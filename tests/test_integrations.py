@@ -1,0 +1,118 @@
+"""opbridge.patch_model on transformers' own models: every family with multi-scale deformable attention, found by
+scanning transformers' sources, computes what the library's own forward computes (float64), trains (the same
+gradients). The op's export through both exporters and every lowering is the parity matrix's (its shape-reading
+call path); whole-model exports are the model sweep's (opbridge.models, tests/test_models.py)."""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import re
+
+import pytest
+import torch
+
+import opbridge
+from opbridge import models
+from opbridge.ops import ms_deform_attn as msda_module
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (the test extra has it)")
+
+_HOOK = re.compile(r"""use_kernel_forward_from_hub\(\s*["']MultiScaleDeformableAttention["']\s*\)""")
+
+
+def _family(model_class: str) -> str:
+    return getattr(transformers, model_class).__module__.split(".")[2]
+
+
+def test_every_hooked_family_is_served():
+    """A family transformers marks with the MSDA kernel hook (found in its sources, not from a list) must be in the
+    sweep's zoo, or listed with why not: a new family fails here, naming itself."""
+    root = pathlib.Path(transformers.__file__).parent / "models"
+    hooked = {path.parent.name for path in root.glob("*/modeling_*.py") if _HOOK.search(path.read_text())}
+    assert len(hooked) >= 10, f"the scan found only {sorted(hooked)}: has transformers moved the hook?"
+    covered = {
+        _family(name)
+        for name in [*models.TRANSFORMERS_MSDA, *models.TRANSFORMERS_MSDA_UNBUILT, *models.TRANSFORMERS_MSDA_NOT_SERVED]
+    }
+    missing = sorted(hooked - covered)
+    assert not missing, f"transformers families with the MSDA hook missing from opbridge.models: {missing}"
+
+
+def _build(model_class: str, dtype=torch.float64):
+    config, extra = models.TRANSFORMERS_MSDA[model_class]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config()).eval().to(dtype)
+    # The layers' initialisation puts sampling points exactly on pixel centres, where bilinear sampling has no
+    # derivative (each kernel picks a side): a small perturbation moves them off, as training does.
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(5), dtype=dtype) * 0.02)
+    size = 128 if not model_class.startswith(("LwDetr", "RfDetr")) else 256
+    wrapper = models._HuggingFaceWrapper(model, extra)
+    pixels = torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(3), dtype=dtype)
+    return wrapper, pixels
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    calls = []
+    original = msda_module.ms_deform_attn
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return original(*args)
+
+    monkeypatch.setattr(msda_module, "ms_deform_attn", counting)
+    return calls
+
+
+def _loss(output: torch.Tensor) -> torch.Tensor:
+    weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(7), dtype=output.dtype)
+    return (output * weights).sum()
+
+
+@pytest.mark.parametrize("model_class", sorted(models.TRANSFORMERS_MSDA))
+def test_patched_family_matches_the_library(model_class, op_calls):
+    model, pixels = _build(model_class)
+    expected = model(pixels)
+    _loss(expected).backward()
+    expected_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    with opbridge.patch_model(model) as patch:
+        assert patch, f"{model_class}: patch_model swapped nothing"
+        got = model(pixels)
+        assert op_calls, f"{model_class}: the patched model never called opbridge's op ({patch.swapped})"
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+        _loss(got).backward()
+    got_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert got_grads.keys() == expected_grads.keys()
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-8, atol=1e-10, msg=f"{model_class}: grad of {name}")
+    # restore() undid it: the library's own forward again.
+    calls = len(op_calls)
+    model(pixels)
+    assert len(op_calls) == calls
+
+
+def test_variant_the_op_does_not_cover_keeps_the_library_function(op_calls):
+    """RT-DETR v2 with the "discrete" (nearest) method: the library's own function runs (same result, no op call)."""
+    config, _ = models.TRANSFORMERS_MSDA["RTDetrV2Model"]
+    torch.manual_seed(0)
+    model = transformers.RTDetrV2Model(config().__class__(**{**config().to_dict(), "decoder_method": "discrete"}))
+    model = models._HuggingFaceWrapper(model.eval().double())
+    pixels = torch.rand(1, 3, 128, 128, dtype=torch.float64)
+    expected = model(pixels)
+    with opbridge.patch_model(model):
+        torch.testing.assert_close(model(pixels), expected, rtol=0, atol=0)
+    assert not op_calls
+
+
+def test_patch_model_rejects_a_non_module():
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
+        opbridge.patch_model("model")
+
+
+def test_every_served_family_module_is_importable():
+    for model_class in models.TRANSFORMERS_MSDA:
+        importlib.import_module(getattr(transformers, model_class).__module__)
