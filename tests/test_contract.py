@@ -80,6 +80,9 @@ CASES: dict[str, list] = {
             ["already has a mapping", "built into opbridge", "override=True"],
         ),
     ],
+    "opbridge.patch_model": [
+        (lambda: opbridge.patch_model("model"), TypeError, ["opbridge.patch_model", "torch.nn.Module", "str"]),
+    ],
     "opbridge.onnx.lowering": [
         (lambda: opbridge.onnx.lowering("fused").__enter__(), ValueError, ["lowering must be one of", "fused"]),
     ],
