@@ -207,6 +207,25 @@ _HGNET_SMALL = {
 }
 
 
+#: Grounding DINO and MM Grounding DINO: the same small config.
+_GROUNDING_DINO = dict(
+    backbone_config=lambda: _swin(98),
+    d_model=32,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=8,
+    decoder_ffn_dim=8,
+    num_queries=4,
+    num_feature_levels=4,
+    encoder_n_points=2,
+    decoder_n_points=3,
+    max_text_len=7,
+    text_config=lambda: dict(_BERT_TINY),
+)
+
+
 def _hgnet():
     import transformers
 
@@ -260,43 +279,11 @@ TRANSFORMERS_MSDA = {
         None,
     ),
     "GroundingDinoModel": (
-        _config(
-            "GroundingDinoConfig",
-            backbone_config=lambda: _swin(98),
-            d_model=32,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=8,
-            decoder_ffn_dim=8,
-            num_queries=4,
-            num_feature_levels=4,
-            encoder_n_points=2,
-            decoder_n_points=3,
-            max_text_len=7,
-            text_config=dict(_BERT_TINY),
-        ),
+        _config("GroundingDinoConfig", **_GROUNDING_DINO),
         {"input_ids": _text_ids},
     ),
     "MMGroundingDinoModel": (
-        _config(
-            "MMGroundingDinoConfig",
-            backbone_config=lambda: _swin(98),
-            d_model=32,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=8,
-            decoder_ffn_dim=8,
-            num_queries=4,
-            num_feature_levels=4,
-            encoder_n_points=2,
-            decoder_n_points=3,
-            max_text_len=7,
-            text_config=dict(_BERT_TINY),
-        ),
+        _config("MMGroundingDinoConfig", **_GROUNDING_DINO),
         {"input_ids": _text_ids},
     ),
     "LwDetrModel": (
