@@ -22,7 +22,12 @@ from dataclasses import dataclass
 import torch
 
 #: Outcomes, best first (a case's "no worse with opbridge" is checked in this order).
-OUTCOMES = ("ok", "wrong result", "ORT refuses", "export fails", "eager fails", "timeout", "unavailable")
+#: "fixed size": the graph matches eager at the exported image size but not at another one, because the model's
+#: own code turned its image size into constants (the TorchScript tracer records Python arithmetic on sizes as
+#: numbers; torch.export specializes a size the code guards on); the cause names where.
+OUTCOMES = (
+    "ok", "fixed size", "wrong result", "ORT refuses", "export fails", "eager fails", "timeout", "unavailable"
+)  # fmt: skip
 #: (exporter, opset) of every model: the TorchScript-based exporter at its lowest opset with GridSample/RoiAlign
 #: (11) and at torch's default for it (17), the dynamo exporter at its lowest (18) and its default (20).
 EXPORTS = (("legacy", 11), ("legacy", 17), ("dynamo", 18), ("dynamo", 20))
@@ -62,6 +67,8 @@ def _torchvision(builder: str, size: int, other: int, **kwargs):
         model = getattr(torchvision.models, builder, None) or _submodule_builder(builder)
         module = model(weights=None, **kwargs).eval()
         if builder.endswith("_fpn") or builder.startswith(("ssd", "fcos", "retinanet")):
+            if "mobilenet" in builder:
+                _unit_scale_convolutions(module, ([_image(size)[0]],))
             return module, ([_image(size)[0]],), ([_image(other)[0]],)
         if builder.startswith("r3d") or builder.startswith("mc3") or builder.startswith("r2plus1d"):
             return module, (_image(size, frames=4),), (_image(other, frames=4),)
@@ -70,6 +77,28 @@ def _torchvision(builder: str, size: int, other: int, **kwargs):
         return module, (_image(size),), (_image(other),)
 
     return build
+
+
+def _unit_scale_convolutions(module, inputs) -> None:
+    """Scales each convolution's weight (and bias) so that its output has unit standard deviation on ``inputs``,
+    in one forward pass in network order (a data-dependent init): a random network's activations neither vanish
+    nor explode."""
+    import torch
+
+    def rescale(layer, _, output):
+        scale = output.std().clamp_min(1e-12)
+        layer.weight.div_(scale)
+        if layer.bias is not None:
+            layer.bias.div_(scale)
+        return output / scale
+
+    hooks = [layer.register_forward_hook(rescale) for layer in module.modules() if isinstance(layer, torch.nn.Conv2d)]
+    try:
+        with torch.no_grad():
+            module(*inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def _submodule_builder(builder: str):
@@ -442,23 +471,25 @@ def _cases() -> list[ModelCase]:
             {0: {2: "height", 3: "width"}, 1: {2: "height", 3: "width"}},
         ),
     ]
-    for builder in (
-        "fasterrcnn_mobilenet_v3_large_320_fpn",
-        "retinanet_resnet50_fpn",
-        "fcos_resnet50_fpn",
-        "ssdlite320_mobilenet_v3_large",
-        "maskrcnn_resnet50_fpn",
-        "keypointrcnn_resnet50_fpn",
-    ):
-        kwargs = {"weights_backbone": None}
-        if builder.startswith("ssdlite"):
-            kwargs["num_classes"] = 5
+    # Random weights put every detector's scores under its default threshold (an empty output matches anything)
+    # or, for the MobileNet-based ones, make their features vanish (every score ties at 1/classes, and ties come
+    # out in any order): thresholds low enough to keep detections, at most 20 of them, and those detectors'
+    # convolutions scaled to keep their activations (_unit_scale_convolutions).
+    detectors = {
+        "fasterrcnn_mobilenet_v3_large_320_fpn": dict(box_score_thresh=0.0, box_detections_per_img=20),
+        "retinanet_resnet50_fpn": dict(score_thresh=0.005, detections_per_img=20),
+        "fcos_resnet50_fpn": dict(score_thresh=0.01, detections_per_img=20),
+        "ssdlite320_mobilenet_v3_large": dict(num_classes=5, detections_per_img=20),
+        "maskrcnn_resnet50_fpn": dict(box_score_thresh=0.0, box_detections_per_img=20),
+        "keypointrcnn_resnet50_fpn": dict(box_score_thresh=0.0, box_detections_per_img=20),
+    }
+    for builder, kwargs in detectors.items():
         cases.append(
             ModelCase(
                 f"torchvision.{builder}",
                 "torchvision",
                 "detection",
-                _torchvision(builder, 320, 256, **kwargs),
+                _torchvision(builder, 320, 256, weights_backbone=None, **kwargs),
                 {0: {1: "height", 2: "width"}},
             )
         )
@@ -564,7 +595,6 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
     import io
     import warnings
 
-    import numpy as np
     import torch
 
     torch.set_num_threads(1)
@@ -585,8 +615,8 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
         return dataclasses.replace(result, outcome="eager fails", cause=_one_line(error))
     input_names = [f"input{i}" for i in range(len(_flatten(inputs)))]
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             if exporter == "dynamo":
                 shapes = []
                 for i, example in enumerate(inputs):
@@ -602,6 +632,7 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
                     input_names=input_names,
                 )
                 proto = program.model_proto
+                fixed = _specialized(program, case)
             else:
                 import onnx
 
@@ -617,6 +648,7 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
                     dynamic_axes=axes,
                 )
                 proto = onnx.load_from_string(buffer.getvalue())
+                fixed = _first_tracer_warning(caught)
     except Exception as error:
         return dataclasses.replace(
             result, outcome="export fails", cause=_one_line(error), seconds=time.perf_counter() - start
@@ -635,42 +667,92 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
                 proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
             )
         names = [i.name for i in session.get_inputs()]
-        outputs = []
-        for example in (inputs, other_inputs):
-            feeds = dict(zip(names, (t.numpy() for t in _flatten(example)), strict=False))
-            outputs.append(session.run(None, feeds))
+
+        def run(example):
+            return session.run(None, dict(zip(names, (t.numpy() for t in _flatten(example)), strict=False)))
+
+        got = run(inputs)
     except Exception as error:
         return dataclasses.replace(
             result, outcome="ORT refuses", cause=_one_line(error), seconds=time.perf_counter() - start
         )
-    worst = 0.0
-    result.seconds = time.perf_counter() - start
-    for got, want in zip(outputs, expected, strict=True):
-        if len(got) != len(want):
-            return dataclasses.replace(
-                result, outcome="wrong result", cause=f"ORT gave {len(got)} outputs, eager {len(want)}"
-            )
-        for g, w in zip(got, want, strict=True):
-            w = w.numpy()
-            if g.shape != w.shape:
-                return dataclasses.replace(
-                    result, outcome="wrong result", cause=f"output shape {list(g.shape)}, eager {list(w.shape)}"
-                )
-            if w.size:
-                worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))))
-            if not np.allclose(g, w, rtol=RTOL, atol=ATOL):
-                return dataclasses.replace(
-                    result,
-                    outcome="wrong result",
-                    max_error=worst,
-                    cause=f"max error {worst:.3g} > rtol {RTOL} / atol {ATOL}",
-                )
-    result = dataclasses.replace(result, max_error=worst)
-    if timing:
-        result.eager_ms = _time_ms(lambda: module(*other_inputs))
-        feeds = dict(zip(names, (t.numpy() for t in _flatten(other_inputs)), strict=False))
-        result.ort_ms = _time_ms(lambda: session.run(None, feeds))
+    mismatch, worst = _compare(got, expected[0])
+    if mismatch:
+        return dataclasses.replace(
+            result, outcome="wrong result", max_error=worst, cause=mismatch, seconds=time.perf_counter() - start
+        )
+    try:
+        mismatch, error_other = _compare(run(other_inputs), expected[1])
+        worst = max(worst, error_other)
+    except Exception as error:
+        mismatch = f"ORT refuses it: {_one_line(error)}"
+    result = dataclasses.replace(result, max_error=worst, seconds=time.perf_counter() - start)
+    if mismatch:
+        size = "x".join(str(d) for d in _flatten(other_inputs)[0].shape[-2:])
+        result.outcome = "fixed size"
+        result.cause = f"matches at the exported size; at {size}: {mismatch}; {fixed or 'no size was reported fixed'}"
+    if timing:  # at the exported size, where the graph is right
+        result.eager_ms = _time_ms(lambda: module(*inputs))
+        result.ort_ms = _time_ms(lambda: run(inputs))
     return result
+
+
+def _compare(got: list, want: list) -> tuple[str | None, float]:
+    """(why ORT's outputs differ from eager's, or None; the largest absolute difference)."""
+    import numpy as np
+
+    if len(got) != len(want):
+        return f"ORT gave {len(got)} outputs, eager {len(want)}", 0.0
+    worst = 0.0
+    for g, w in zip(got, want, strict=True):
+        w = w.numpy()
+        if g.shape != w.shape:
+            return f"output shape {list(g.shape)}, eager {list(w.shape)}", worst
+        if w.size:
+            worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))))
+        if not np.allclose(g, w, rtol=RTOL, atol=ATOL):
+            return f"max error {worst:.3g} > rtol {RTOL} / atol {ATOL}", worst
+    return None, worst
+
+
+def _first_tracer_warning(caught) -> str:
+    """Where the TorchScript tracer turned a value of the model's code (not torch's) into a constant: a tensor
+    made a constant or a number first, a Python boolean (a branch taken) after."""
+    import torch
+
+    found = []
+    for warning in caught:
+        where = warning.filename.replace(os.sep, "/")
+        if issubclass(warning.category, torch.jit.TracerWarning) and "/torch/" not in where:
+            text = str(warning.message).split(". ")[0]
+            found.append((("boolean" in text), f"{where.split('site-packages/')[-1]}:{warning.lineno} ({text})"))
+    return f"the trace fixed a value at {min(found)[1]}" if found else ""
+
+
+def _specialized(program, case: ModelCase) -> str:
+    """Where torch.export fixed the image size: a dim meant to be dynamic became a number, or a tensor made from
+    sizes became a constant of the graph (its first use in the model's code is named)."""
+    try:
+        exported = program.exported_program
+        signature = exported.graph_signature
+        placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+        user = [placeholders[name] for name in signature.user_inputs if name in placeholders]
+        lifted = [placeholders[name] for name in signature.inputs_to_lifted_tensor_constants if name in placeholders]
+    except Exception:  # another torch's ExportedProgram: say nothing rather than guess
+        return ""
+    for index, dims in case.dynamic.items():
+        shape = getattr(user[index].meta.get("val"), "shape", None) if index < len(user) else None
+        if shape is not None and any(isinstance(shape[d], int) for d in dims if d < len(shape)):
+            fixed = "x".join(str(shape[d]) for d in dims if d < len(shape))
+            return f"torch.export specialized the image size to {fixed}"
+    for node in lifted:
+        for use in node.users:
+            frames = [line.strip() for line in use.meta.get("stack_trace", "").splitlines() if line.strip()]
+            files = [f for f in frames if f.startswith("File ") and "/torch/" not in f]
+            if files:
+                where = files[-1].split("site-packages/")[-1].replace('", line ', ":").split(",")[0].strip('"')
+                return f"torch.export made a tensor built from sizes a constant of the graph (used at {where})"
+    return ""
 
 
 def _time_ms(call: Callable, repeats: int = 5) -> float:
@@ -784,7 +866,7 @@ def markdown(results: Sequence[Result], environment: dict[str, str], seconds: fl
     if timed:
         lines += [
             "",
-            "## Time with and without opbridge (1 thread, median of 5, the second image size)",
+            "## Time with and without opbridge (1 thread, median of 5, at the exported image size)",
             "",
             "| model | export | eager without | eager with | ORT without | ORT with |",
             "|---|---|---|---|---|---|",

@@ -97,6 +97,14 @@ def install() -> None:
     # when torchvision.ops is imported; opbridge's rules for its ops must still win where they exist, whichever
     # of the two packages is imported first.
     _when_imported("torchvision.ops", _register_torchvision_rules)
+    # torchvision's detectors branch on a data-dependent box count in batched_nms: torch.export stops there.
+    _when_imported("torchvision.ops", _install_batched_nms)
+
+
+def _install_batched_nms(module: ModuleType) -> None:
+    from . import _batched_nms
+
+    _batched_nms.install(module)
 
 
 def _register_torchvision_rules(module: ModuleType) -> None:
