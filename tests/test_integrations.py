@@ -116,3 +116,24 @@ def test_patch_model_rejects_a_non_module():
 def test_every_served_family_module_is_importable():
     for model_class in models.TRANSFORMERS_MSDA:
         importlib.import_module(getattr(transformers, model_class).__module__)
+
+
+def test_value_gradient_reaches_batch_norm_in_a_layout_torch_gets_right():
+    """D-FINE's pattern: an encoder feature map (BatchNorm) flattened to MSDA's value without a projection. The
+    gradient opbridge hands on for value must give BatchNorm's parameters their true gradients (torch 2.14.1's CPU
+    BatchNorm backward is wrong for a channels-last gradient whose size-1 batch dim has a non-canonical stride,
+    the layout opbridge's contiguous gradient takes after the model's flatten/transpose)."""
+    from opbridge.integrations import _GradientLikeTheLibrary
+
+    heads, channels, height, width = 2, 8, 6, 5
+    norm = torch.nn.BatchNorm2d(heads * channels).double().eval()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.running_var.uniform_(0.5, 2.0)
+    feature = torch.randn(1, heads * channels, height, width, dtype=torch.float64)
+    value = norm(feature).flatten(2).transpose(1, 2).reshape(1, height * width, heads, channels)
+    gradient = torch.randn(value.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    (grad_bias,) = torch.autograd.grad(_GradientLikeTheLibrary.apply(value), norm.bias, gradient.contiguous())
+    # BatchNorm's bias gradient is the sum of the output gradient over batch and space, per channel.
+    want = gradient.reshape(height * width, heads * channels).sum(0)
+    torch.testing.assert_close(grad_bias, want, rtol=1e-12, atol=1e-12)

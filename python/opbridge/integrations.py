@@ -15,8 +15,8 @@ dynamic-shape standard lowering at export), and gives back a :class:`Patch` that
 * ``multi_scale_deformable_attention_v2`` of RT-DETR v2 (a module-level function, swapped while the patch is
   active): served where it computes MSDA (bilinear ``method="default"`` with the same number of points on every
   level); per-level point counts and the ``"discrete"`` (nearest, border-clamped) method fall through to the
-  library's own function. D-FINE and DEIMv2 bind that function per instance and are not served yet (see
-  :func:`patch_model`).
+  library's own function. D-FINE and DEIMv2 bind that function per instance (``ms_deformable_attn_core``): the
+  instances' attribute is swapped, with the same rules.
 
 Every replacement hands the call back to the library's own code where opbridge's op cannot serve it (a CUDA
 tensor, a dtype other than float32/float64), so a patched model never fails where the unpatched one works.
@@ -86,6 +86,28 @@ def _function_v1(original: Callable) -> Callable:
     return multi_scale_deformable_attention
 
 
+class _GradientLikeTheLibrary(torch.autograd.Function):
+    """Identity whose backward hands on value's gradient in the memory layout the library's grid_sample loop
+    gives it ([N, S, M, D] with S innermost, as from [N, M, D, S]) instead of opbridge's contiguous one. Same values,
+    one copy. Why: D-FINE and DEIMv2 feed ``value`` straight from their encoder's feature maps (no projection),
+    so its gradient reaches the encoder's BatchNorm layers as a channels-last view whose size-1 batch dim has a
+    non-canonical stride, and torch's CPU BatchNorm backward computes wrong gradients from such a tensor (torch
+    2.14.1; tests/test_integrations.py::test_value_gradient_reaches_batch_norm_in_a_layout_torch_gets_right). In the
+    library's layout the gradient arrives NCHW-contiguous and BatchNorm is right."""
+
+    @staticmethod
+    def forward(ctx, value):
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
+def _training(value: torch.Tensor) -> bool:
+    return value.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
 def _function_v2(original: Callable) -> Callable:
     """RT-DETR v2's / D-FINE's / DEIMv2's ``multi_scale_deformable_attention_v2(value, value_spatial_shapes,
     sampling_locations [N, Lq, M, sum(P_l), 2], attention_weights [N, Lq, M, sum(P_l)], num_points_list,
@@ -103,6 +125,7 @@ def _function_v2(original: Callable) -> Callable:
         n, queries, heads = sampling_locations.shape[:3]
         levels, per_level = len(points), points[0]
         shapes, starts = _level_table(value_spatial_shapes)
+        value = _GradientLikeTheLibrary.apply(value) if _training(value) else value
         locations = sampling_locations.reshape(n, queries, heads, levels, per_level, 2)
         weights = attention_weights.reshape(n, queries, heads, levels, per_level)
         return ms_deform_attn(value, shapes, starts, locations, weights)
@@ -172,9 +195,16 @@ def patch_model(model: torch.nn.Module) -> Patch:
             module.forward = types.MethodType(_hub_layer_forward, module)
             patch._undo.append(functools.partial(vars(module).pop, "forward", None))
             patch.swapped.append(f"{cls.__module__}.{cls.__qualname__}")
-        # D-FINE and DEIMv2 bind the function at construction (``self.ms_deformable_attn_core``) and are not served:
-        # with it swapped, their parameters' gradients differed from the library's although the op's gradients at
-        # its own inputs matched (tests/test_integrations.py); until that is understood they keep their function.
+        # D-FINE and DEIMv2 bind multi_scale_deformable_attention_v2 at construction: swap the instance's attribute.
+        core = vars(module).get("ms_deformable_attn_core")
+        if (
+            callable(core)
+            and getattr(core, "__name__", "") == "multi_scale_deformable_attention_v2"
+            and not hasattr(core, "__opbridge_original__")
+        ):
+            module.ms_deformable_attn_core = _function_v2(core)
+            patch._undo.append(functools.partial(setattr, module, "ms_deformable_attn_core", core))
+            patch.swapped.append(f"{cls.__module__}.{cls.__qualname__}.ms_deformable_attn_core")
         modules_seen.add(cls.__module__)
     # Mask2Former, OneFormer, RT-DETR v2 call a module-level function at call time: swap it in the module.
     for name in sorted(modules_seen):
