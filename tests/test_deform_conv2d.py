@@ -561,4 +561,106 @@ CONTRACT_CASES = {
         (lambda: opbridge.nn.DeformConv2d(4, 6, 3, stride=0), ValueError, ["stride must be >= 1"]),
         (lambda: opbridge.nn.DeformConv2d(4, 6, 3)(_X, None), TypeError, ["offset must be a tensor"]),
     ],
+    "opbridge.nn.ModulatedDeformConv2dPack": [
+        (
+            lambda: opbridge.nn.ModulatedDeformConv2dPack(4, 6, 3, deform_groups=3),
+            ValueError,
+            ["deform_groups=3 must divide in_channels=4"],
+        ),
+        (
+            lambda: opbridge.nn.ModulatedDeformConv2dPack(4, 6, 3, deform_groups=0),
+            ValueError,
+            ["deform_groups must be >= 1"],
+        ),
+        (lambda: opbridge.nn.ModulatedDeformConv2dPack(4, 6, 2.5), TypeError, ["kernel_size", "2.5"]),
+        (lambda: opbridge.nn.ModulatedDeformConv2dPack(4, 6, 3)(_X[:, :2]), RuntimeError, ["4", "channels"]),
+    ],
+    "opbridge.nn.DeformConv2dPack": [
+        (lambda: opbridge.nn.DeformConv2dPack(4, 6, 3, groups=3), ValueError, ["groups=3"]),
+        (
+            lambda: opbridge.nn.DeformConv2dPack(4, 6, 3, deformable_groups=8),
+            ValueError,
+            ["deform_groups=8 must divide in_channels=4"],
+        ),
+    ],
 }
+
+
+# --- mmcv's DCN layers: DeformConv2dPack (DCNv1) and ModulatedDeformConv2dPack (DCNv2) -----------------------------
+
+#: the state_dict keys of mmcv's layers (mmcv/ops/deform_conv.py, modulated_deform_conv.py)
+MMCV_KEYS = {"weight", "conv_offset.weight", "conv_offset.bias"}
+
+
+def _mmcv_pack(cls_name, **kwargs):
+    layer = getattr(opbridge.nn, cls_name)(**kwargs).double()
+    with torch.no_grad():  # mmcv's init zeroes conv_offset (no deformation): draw it so the offsets matter
+        generator = torch.Generator().manual_seed(4)
+        for parameter in layer.conv_offset.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=torch.float64) * 0.3)
+    return layer
+
+
+@needs_torchvision
+@pytest.mark.parametrize(
+    "cls_name, kwargs",
+    [
+        ("ModulatedDeformConv2dPack", dict(in_channels=4, out_channels=6, kernel_size=3, padding=1)),
+        ("ModulatedDeformConv2dPack",
+         dict(in_channels=6, out_channels=4, kernel_size=(3, 2), stride=2, padding=(1, 0), dilation=(1, 2), groups=2,
+              deform_groups=3)),
+        ("DeformConv2dPack", dict(in_channels=4, out_channels=6, kernel_size=3, padding=1, deform_groups=2)),
+        ("DeformConv2dPack", dict(in_channels=4, out_channels=4, kernel_size=3, stride=2, groups=2, bias=True)),
+    ],
+)  # fmt: skip
+def test_mmcv_pack_computes_mmcvs_function_with_torchvision(cls_name, kwargs):
+    """mmcv's forward written out with torchvision's deform_conv2d: offsets from conv_offset (DCNv2: the first two
+    thirds; the last third through a sigmoid is the mask)."""
+    layer = _mmcv_pack(cls_name, **kwargs)
+    x = torch.randn(2, layer.in_channels, 9, 8, dtype=torch.float64, requires_grad=True)
+    maps = layer.conv_offset(x)
+    if cls_name == "ModulatedDeformConv2dPack":
+        first, second, mask = torch.chunk(maps, 3, dim=1)
+        offset, mask = torch.cat((first, second), 1), torch.sigmoid(mask)
+    else:
+        offset, mask = maps, None
+    want = torchvision.ops.deform_conv2d(x, offset, layer.weight, layer.bias, layer.stride, layer.padding,
+                                         layer.dilation, mask)  # fmt: skip
+    got = layer(x)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    grads = torch.autograd.grad(got.sum(), [x, *layer.parameters()])
+    want_grads = torch.autograd.grad(want.sum(), [x, *layer.parameters()])
+    for a, b in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_mmcv_pack_state_dict_and_init_are_mmcvs():
+    v2 = opbridge.nn.ModulatedDeformConv2dPack(4, 6, 3, padding=1, deform_groups=2)
+    assert set(v2.state_dict()) == MMCV_KEYS | {"bias"}
+    assert v2.conv_offset.out_channels == 2 * 3 * 9 and v2.deform_groups == 2
+    v1 = opbridge.nn.DeformConv2dPack(4, 6, 3, deformable_groups=2)  # mmcv's deprecated name
+    assert set(v1.state_dict()) == MMCV_KEYS and v1.bias is None and v1.conv_offset.out_channels == 2 * 2 * 9
+    for layer in (v1, v2):
+        assert not layer.conv_offset.weight.any() and not layer.conv_offset.bias.any()
+        assert layer.weight.abs().max() <= 1 / (4 * 9) ** 0.5
+    assert not v2.bias.any()
+    # With conv_offset zero, DCNv2 is a regular convolution with every tap weighted by sigmoid(0) = 1/2.
+    x = torch.randn(1, 4, 6, 6)
+    want = torch.nn.functional.conv2d(x, v2.weight, v2.bias, padding=1) * 0.5
+    torch.testing.assert_close(v2(x), want + v2.bias.view(1, -1, 1, 1) * 0.5, rtol=1e-5, atol=1e-5)
+
+
+def test_mmcv_pack_loads_an_mmcv_checkpoint():
+    """A parent model's checkpoint with mmcv's keys and metadata loads, strictly, into the same model built with
+    opbridge's layer."""
+    source = opbridge.nn.ModulatedDeformConv2dPack(4, 6, 3, padding=1)
+    with torch.no_grad():
+        for parameter in source.parameters():
+            parameter.copy_(torch.randn(parameter.shape))
+    checkpoint = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), source).state_dict()
+    assert {k for k in checkpoint if k.startswith("1.")} == {f"1.{k}" for k in MMCV_KEYS | {"bias"}}
+    assert checkpoint._metadata["1"]["version"] == 2  # mmcv's ModulatedDeformConv2dPack._version
+    target = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), opbridge.nn.ModulatedDeformConv2dPack(4, 6, 3, padding=1))
+    target.load_state_dict(checkpoint)
+    for name, value in target.state_dict().items():
+        assert torch.equal(value, checkpoint[name]), name

@@ -29,7 +29,7 @@ from ..specs import LoweringError
 
 #: Public names: ``opbridge.<name>``; ``NN_MODULES`` go to ``opbridge.nn``.
 __all__ = ["deform_conv2d"]
-NN_MODULES = ["DeformConv2d"]
+NN_MODULES = ["DeformConv2d", "ModulatedDeformConv2dPack", "DeformConv2dPack"]
 
 
 # --- torch ---------------------------------------------------------------------------------------------------------
@@ -250,6 +250,85 @@ class DeformConv2d(torch.nn.Module):
         text += f", dilation={self.dilation}" if self.dilation != (1, 1) else ""
         text += f", groups={self.groups}" if self.groups != 1 else ""
         return text + (", bias=False" if self.bias is None else "")
+
+
+class _MMCVPack(DeformConv2d):
+    """What mmcv's ``DeformConv2dPack`` (DCNv1) and ``ModulatedDeformConv2dPack`` (DCNv2) share: a deformable
+    convolution that predicts its own offsets (and mask) with a regular convolution of its input, ``conv_offset``.
+    Arguments, attributes (``deform_groups``), initialisation and ``state_dict`` keys (``weight``, ``bias``,
+    ``conv_offset.weight``, ``conv_offset.bias``) are mmcv's, so mmcv checkpoints (mmdet, mmseg, mmpose, ...)
+    load without mmcv; the arithmetic is opbridge's op (offset channels as mmcv's and torchvision's: (dy, dx) per
+    kernel position, per offset group)."""
+
+    _version = 2  # mmcv's layers' version (its "<layer>_offset" keys of version 1 cannot be renamed by a layer on
+    # torch >= 2.1, which hands each module only the keys under its own prefix)
+    _maps_per_position = 2
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: IntPair, stride: IntPair = 1,
+                 padding: IntPair = 0, dilation: IntPair = 1, groups: int = 1, deform_groups: int = 1,
+                 bias: bool | str = True, deformable_groups: int | None = None) -> None:  # fmt: skip
+        op = f"opbridge.nn.{type(self).__name__}"
+        if deformable_groups is not None:  # mmcv's deprecated name
+            deform_groups = deformable_groups
+        deform_groups = _checks.int_pair(op, "deform_groups", (deform_groups, deform_groups), minimum=1)[0]
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bool(bias))
+        if self.in_channels % deform_groups:
+            raise ValueError(f"{op}: deform_groups={deform_groups} must divide in_channels={self.in_channels}")
+        self.deform_groups = deform_groups
+        maps = deform_groups * self._maps_per_position * self.kernel_size[0] * self.kernel_size[1]
+        self.conv_offset = torch.nn.Conv2d(
+            self.in_channels, maps, self.kernel_size, self.stride, self.padding, self.dilation, bias=True
+        )
+        self.init_weights()
+
+    def reset_parameters(self) -> None:
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """mmcv's: weight uniform in +-1/sqrt(in_channels * kh * kw), zero bias, zero ``conv_offset`` (the
+        convolution starts as a regular one: zero offsets, and mask 0.5 for DCNv2)."""
+        bound = 1.0 / math.sqrt(self.in_channels * self.kernel_size[0] * self.kernel_size[1])
+        torch.nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
+        if hasattr(self, "conv_offset"):
+            torch.nn.init.zeros_(self.conv_offset.weight)
+            torch.nn.init.zeros_(self.conv_offset.bias)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", deform_groups={self.deform_groups}" if self.deform_groups != 1 else "")
+
+
+class ModulatedDeformConv2dPack(_MMCVPack):
+    """mmcv's ``ModulatedDeformConv2dPack`` (registered there as ``DCNv2``) on opbridge's op: ``forward(x)``;
+    ``conv_offset`` gives ``3 * deform_groups * kh * kw`` maps, split in three: the first two thirds are the
+    offsets, the last third the mask through a sigmoid. ``bias`` defaults to True (mmcv's ``"auto"`` reads as
+    True). See :class:`DeformConv2dPack` for DCNv1."""
+
+    _maps_per_position = 3
+
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        first, second, mask = torch.chunk(self.conv_offset(x), 3, dim=1)
+        offset = torch.cat((first, second), dim=1)
+        return deform_conv2d(x, offset, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                             torch.sigmoid(mask))  # fmt: skip
+
+
+class DeformConv2dPack(_MMCVPack):
+    """mmcv's ``DeformConv2dPack`` (DCNv1) on opbridge's op: ``forward(x)``; ``conv_offset`` gives the
+    ``2 * deform_groups * kh * kw`` offsets; no mask. mmcv's DCNv1 has no bias (``bias=True`` raises there):
+    the default here is ``bias=False`` as in mmcv, and True is allowed."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: IntPair, stride: IntPair = 1,
+                 padding: IntPair = 0, dilation: IntPair = 1, groups: int = 1, deform_groups: int = 1,
+                 bias: bool = False, deformable_groups: int | None = None, im2col_step: int = 32) -> None:  # fmt: skip
+        # im2col_step: mmcv's CUDA batching knob, accepted for its configs, no effect here.
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deform_groups,
+                         bias, deformable_groups)  # fmt: skip
+
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        return deform_conv2d(x, self.conv_offset(x), self.weight, self.bias, self.stride, self.padding,
+                             self.dilation)  # fmt: skip
 
 
 # --- ONNX ---------------------------------------------------------------------------------------------------------
