@@ -850,6 +850,12 @@ def markdown(results: Sequence[Result], environment: dict[str, str], seconds: fl
         "imports opbridge and applies `opbridge.patch_model(model)`. Replay a case with",
         "`python -m opbridge models --case ID`.",
         "",
+        "Outcomes: **ok** (matches eager at both sizes); **fixed size** (matches at the exported size, not at the",
+        "other: the model's own code turned its image size into constants -- the TorchScript tracer records",
+        "Python arithmetic on sizes as numbers, torch.export bakes a tensor built from sizes -- and the cause",
+        "names the line); **wrong result**; **ORT refuses**; **export fails**; **eager fails**; **timeout**.",
+        "A detector's outputs are its detections: thresholds are lowered so that random weights give some.",
+        "",
         f"Environment: {', '.join(f'{k} {v}' for k, v in environment.items())}; sweep time {seconds / 60:.1f} min.",
         "",
     ]
