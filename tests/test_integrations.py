@@ -39,10 +39,13 @@ def test_every_hooked_family_is_served():
     assert not missing, f"transformers families with the MSDA hook missing from opbridge.models: {missing}"
 
 
-def _build(model_class: str, dtype=torch.float64):
+def _build(model_class: str, dtype=torch.float64, **overrides):
     config, extra = models.TRANSFORMERS_MSDA[model_class]
+    config = config()
+    for name, value in overrides.items():
+        setattr(config, name, value)
     torch.manual_seed(0)
-    model = getattr(transformers, model_class)(config()).eval().to(dtype)
+    model = getattr(transformers, model_class)(config).eval().to(dtype)
     # The layers' initialisation puts sampling points exactly on pixel centres, where bilinear sampling has no
     # derivative (each kernel picks a side): a small perturbation moves them off, as training does.
     with torch.no_grad():
@@ -74,7 +77,19 @@ def _loss(output: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("model_class", sorted(models.TRANSFORMERS_MSDA))
 def test_patched_family_matches_the_library(model_class, op_calls):
-    model, pixels = _build(model_class)
+    _check_patched_matches_the_library(model_class, *_build(model_class), op_calls)
+
+
+@pytest.mark.parametrize("model_class, points", [("DFineModel", [3, 6, 3]), ("Deimv2Model", [4, 2, 1])])
+def test_per_level_point_counts_match_the_library(model_class, points, op_calls):
+    """D-FINE's and DEIMv2's configs may give each level its own number of points (their tests use [3, 6, 3]):
+    served by padding the shorter levels with samples the op skips."""
+    model, pixels = _build(model_class, decoder_n_points=points)
+    assert any(getattr(m, "num_points_list", None) == points for m in model.modules())
+    _check_patched_matches_the_library(model_class, model, pixels, op_calls)
+
+
+def _check_patched_matches_the_library(model_class, model, pixels, op_calls):
     expected = model(pixels)
     _loss(expected).backward()
     expected_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

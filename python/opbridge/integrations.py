@@ -13,8 +13,8 @@ dynamic-shape standard lowering at export), and gives back a :class:`Patch` that
 * ``multi_scale_deformable_attention`` of Mask2Former and OneFormer (the same function without
   ``level_start_index``): a module-level function, swapped in its module while the patch is active;
 * ``multi_scale_deformable_attention_v2`` of RT-DETR v2 (a module-level function, swapped while the patch is
-  active): served where it computes MSDA (bilinear ``method="default"`` with the same number of points on every
-  level); per-level point counts and the ``"discrete"`` (nearest, border-clamped) method fall through to the
+  active): served where it computes MSDA (bilinear ``method="default"``, also with per-level point counts, padded
+  to the largest with samples the op skips); the ``"discrete"`` (nearest, border-clamped) method falls through to the
   library's own function. D-FINE and DEIMv2 bind that function per instance (``ms_deformable_attn_core``): the
   instances' attribute is swapped, with the same rules.
 
@@ -108,10 +108,37 @@ def _training(value: torch.Tensor) -> bool:
     return value.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
 
+#: Where a padded sample lies: outside every map, so the op reads nothing for it and its weight (zero) meets no value.
+_OUTSIDE = -8.0
+
+
+def _points_per_level(sampling_locations, attention_weights, points: list[int]):
+    """[N, Lq, M, sum(P_l), 2] and [N, Lq, M, sum(P_l)] with P_l points on level l -> the op's [N, Lq, M, L, P, 2]
+    and [N, Lq, M, L, P], P = max(P_l). A level with fewer points is padded with samples outside the map and zero
+    weight: the op skips them, so the sum over the real samples is unchanged (same bits) and so are the gradients
+    of the real ones."""
+    n, queries, heads = sampling_locations.shape[:3]
+    most = max(points)
+    if len(set(points)) == 1:
+        return (sampling_locations.reshape(n, queries, heads, len(points), most, 2),
+                attention_weights.reshape(n, queries, heads, len(points), most))  # fmt: skip
+    levels_locations, levels_weights = [], []
+    for locations, weights, count in zip(sampling_locations.split(points, dim=3),
+                                         attention_weights.split(points, dim=3), points, strict=True):  # fmt: skip
+        pad = most - count
+        if pad:
+            locations = torch.cat([locations, locations.new_full((n, queries, heads, pad, 2), _OUTSIDE)], dim=3)
+            weights = torch.cat([weights, weights.new_zeros((n, queries, heads, pad))], dim=3)
+        levels_locations.append(locations)
+        levels_weights.append(weights)
+    return torch.stack(levels_locations, dim=3), torch.stack(levels_weights, dim=3)
+
+
 def _function_v2(original: Callable) -> Callable:
     """RT-DETR v2's / D-FINE's / DEIMv2's ``multi_scale_deformable_attention_v2(value, value_spatial_shapes,
     sampling_locations [N, Lq, M, sum(P_l), 2], attention_weights [N, Lq, M, sum(P_l)], num_points_list,
-    method)``: MSDA where every level has the same number of points and the sampling is bilinear."""
+    method)``: MSDA with bilinear sampling (``method="default"``) and P_l points on level l (the op's P = max(P_l),
+    shorter levels padded with samples the op skips); ``"discrete"`` runs the library's function."""
 
     @functools.wraps(original)
     def multi_scale_deformable_attention_v2(value, value_spatial_shapes, sampling_locations, attention_weights,
@@ -119,15 +146,13 @@ def _function_v2(original: Callable) -> Callable:
         from .ops.ms_deform_attn import ms_deform_attn
 
         points = [int(p) for p in num_points_list]
-        if method != "default" or len(set(points)) != 1 or not _served(value, sampling_locations, attention_weights):
+        if method != "default" or not points or min(points) < 1 or not _served(value, sampling_locations,
+                                                                               attention_weights):  # fmt: skip
             return original(value, value_spatial_shapes, sampling_locations, attention_weights, num_points_list,
                             method)  # fmt: skip
-        n, queries, heads = sampling_locations.shape[:3]
-        levels, per_level = len(points), points[0]
         shapes, starts = _level_table(value_spatial_shapes)
+        locations, weights = _points_per_level(sampling_locations, attention_weights, points)
         value = _GradientLikeTheLibrary.apply(value) if _training(value) else value
-        locations = sampling_locations.reshape(n, queries, heads, levels, per_level, 2)
-        weights = attention_weights.reshape(n, queries, heads, levels, per_level)
         return ms_deform_attn(value, shapes, starts, locations, weights)
 
     multi_scale_deformable_attention_v2.__opbridge_original__ = original
