@@ -80,19 +80,28 @@ def _torchvision(builder: str, size: int, other: int, **kwargs):
 
 
 def _unit_scale_convolutions(module, inputs) -> None:
-    """Scales each convolution's weight (and bias) so that its output has unit standard deviation on ``inputs``,
-    in one forward pass in network order (a data-dependent init): a random network's activations neither vanish
-    nor explode."""
+    """Scales each convolution's and batch norm's weight (and bias) so that its output has unit standard deviation
+    on ``inputs``, in one forward pass in network order (a data-dependent init): a random network's activations
+    neither vanish nor explode (transformers' PP-DocLayout draws even its batch norms' weights from N(0, 0.01))."""
     import torch
 
     def rescale(layer, _, output):
-        scale = output.std().clamp_min(1e-12)
-        layer.weight.div_(scale)
-        if layer.bias is not None:
-            layer.bias.div_(scale)
+        if not isinstance(output, torch.Tensor) or output.numel() < 2:
+            return None
+        scale = output.detach().std().clamp_min(1e-30)
+        with torch.no_grad():
+            layer.weight.div_(scale)
+            if getattr(layer, "bias", None) is not None:
+                layer.bias.div_(scale)
         return output / scale
 
-    hooks = [layer.register_forward_hook(rescale) for layer in module.modules() if isinstance(layer, torch.nn.Conv2d)]
+    def scaled(layer) -> bool:
+        weight = getattr(layer, "weight", None)
+        return isinstance(layer, torch.nn.Conv2d) or (
+            "BatchNorm" in type(layer).__name__ and isinstance(weight, torch.Tensor) and weight.dim() == 1
+        )
+
+    hooks = [layer.register_forward_hook(rescale) for layer in module.modules() if scaled(layer)]
     try:
         with torch.no_grad():
             module(*inputs)
@@ -136,6 +145,9 @@ class _HuggingFaceWrapper(torch.nn.Module):
         self.extra = extra or {}
 
     def forward(self, pixel_values):
+        if hasattr(self.model, "language_cache_class"):  # OmDet-Turbo keeps text embeddings, graph and all
+            for name in ("language_cache_class", "language_cache_prompt"):
+                setattr(self.model, name, type(getattr(self.model, name))(self.model.config.cache_size))
         out = self.model(pixel_values=pixel_values, **{k: v() for k, v in self.extra.items()})
         hidden = getattr(out, "last_hidden_state", None)
         return hidden if hidden is not None else out[0]
@@ -226,6 +238,18 @@ _BERT_TINY = {
     "max_position_embeddings": 16,
     "vocab_size": 128,
 }
+_CLIP_TEXT_TINY = {
+    "model_type": "clip_text_model",
+    "vocab_size": 99,
+    "hidden_size": 16,
+    "intermediate_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "max_position_embeddings": 8,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "pad_token_id": 1,
+}
 _HGNET_SMALL = {
     "model_type": "hgnet_v2",
     "arch": "L",
@@ -256,6 +280,32 @@ _GROUNDING_DINO = dict(
     max_text_len=7,
     text_config=lambda: dict(_BERT_TINY),
 )
+
+
+_STAGES_2_TO_4 = ["stage2", "stage3", "stage4"]
+_PP_DOCLAYOUT_SMALL = {**{k: v for k, v in _rtdetr_common().items() if k != "d_model"},
+                       "encoder_in_channels": [32, 32, 32], "decoder_ffn_dim": 8, "decoder_n_points": 4}  # fmt: skip
+
+
+def _reading_order_config():
+    from transformers.models.pp_doclayout_v2.configuration_pp_doclayout_v2 import PPDocLayoutV2ReadingOrderConfig
+
+    return PPDocLayoutV2ReadingOrderConfig(
+        hidden_size=16,
+        num_attention_heads=2,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        max_position_embeddings=64,
+        max_2d_position_embeddings=1024,
+        coordinate_size=8,
+        shape_size=8,
+        num_classes=4,
+        global_pointer_head_size=8,
+    )
+
+
+def _prompt_ids(rows: int, seed: int):
+    return torch.randint(0, 99, (rows, 7), generator=torch.Generator().manual_seed(seed))
 
 
 def _hgnet():
@@ -387,6 +437,68 @@ TRANSFORMERS_MSDA = {
         ),
         None,
     ),
+    # PP-DocLayout v2 and v4 take a 3-level backbone (v3's mask branch takes a fourth); v2's reading-order head needs
+    # its per-label thresholds and order (no defaults).
+    "PPDocLayoutV2ForObjectDetection": (
+        _config(
+            "PPDocLayoutV2Config",
+            backbone_config=lambda: {**_HGNET_SMALL, "return_idx": [1, 2, 3], "out_features": _STAGES_2_TO_4},
+            reading_order_config=lambda: _reading_order_config(),
+            d_model=32,
+            num_labels=4,
+            class_thresholds=[0.5] * 4,
+            class_order=[0, 1, 2, 3],
+            **_PP_DOCLAYOUT_SMALL,
+        ),
+        None,
+    ),
+    "PPDocLayoutV4ForObjectDetection": (
+        _config(
+            "PPDocLayoutV4Config",
+            backbone_config=lambda: {**_HGNET_SMALL, "return_idx": [1, 2, 3], "out_features": _STAGES_2_TO_4},
+            hidden_size=32,
+            num_labels=4,
+            global_pointer_head_size=8,
+            gp_dropout_value=0.0,
+            **_PP_DOCLAYOUT_SMALL,
+        ),
+        None,
+    ),
+    # OmDet-Turbo: a Swin backbone and a CLIP text model for class and task prompts (3 classes, 7 tokens).
+    "OmDetTurboForObjectDetection": (
+        _config(
+            "OmDetTurboConfig",
+            backbone_config=lambda: _swin(224),
+            text_config=lambda: dict(_CLIP_TEXT_TINY),
+            apply_layernorm_after_vision_backbone=False,  # it expects timm's channels-last maps
+            image_size=224,
+            encoder_in_channels=[16, 32, 64],
+            encoder_hidden_dim=8,
+            encoder_layers=1,
+            encoder_projection_indices=[2],
+            encoder_attention_heads=2,
+            encoder_dim_feedforward=32,
+            vision_features_channels=[8, 8, 8],
+            decoder_hidden_dim=8,
+            decoder_num_layers=2,
+            decoder_num_heads=2,
+            decoder_num_points=4,
+            decoder_dim_feedforward=32,
+            num_feature_levels=3,
+            num_queries=20,
+            task_encoder_hidden_dim=32,
+            class_embed_dim=16,  # must differ from decoder_hidden_dim (else no task projection is built)
+            text_projection_in_dim=16,
+            text_projection_out_dim=16,
+        ),
+        {
+            "classes_input_ids": lambda: _prompt_ids(3, 1),
+            "classes_attention_mask": lambda: torch.ones(3, 7, dtype=torch.int64),
+            "tasks_input_ids": lambda: _prompt_ids(1, 2),
+            "tasks_attention_mask": lambda: torch.ones(1, 7, dtype=torch.int64),
+            "classes_structure": lambda: torch.tensor([3]),
+        },
+    ),
     "RTDetrV2Model": (
         _config(
             "RTDetrV2Config",
@@ -440,11 +552,7 @@ TRANSFORMERS_MSDA = {
     ),
 }
 #: Families whose model transformers marks with the hook but that this sweep cannot build yet, with why.
-TRANSFORMERS_MSDA_UNBUILT = {
-    "OmDetTurboForObjectDetection": "needs class and task token inputs with a structure this sweep does not build yet",
-    "PPDocLayoutV2ForObjectDetection": "its post-processing needs config.class_thresholds (no default)",
-    "PPDocLayoutV4ForObjectDetection": "the small config used for v3 does not build (feature map sizes disagree)",
-}
+TRANSFORMERS_MSDA_UNBUILT: dict[str, str] = {}
 #: Families with their own MSDA variant that patch_model does not serve, with why.
 TRANSFORMERS_MSDA_NOT_SERVED: dict[str, str] = {}
 
