@@ -154,3 +154,35 @@ def test_value_gradient_reaches_batch_norm_in_a_layout_torch_gets_right():
     # BatchNorm's bias gradient is the sum of the output gradient over batch and space, per channel.
     want = gradient.reshape(height * width, heads * channels).sum(0)
     torch.testing.assert_close(grad_bias, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("exporter, opset", [("legacy", 17), ("dynamo", 18)])
+@pytest.mark.parametrize("lowering", ["custom", "standard"])
+@pytest.mark.parametrize(
+    "model_class, overrides", [("DeformableDetrModel", {}), ("DFineModel", {"decoder_n_points": [3, 6, 3]})]
+)
+def test_patched_model_exports_with_each_lowering(model_class, overrides, lowering, exporter, opset, tmp_path):
+    """A patched model (the hub layer; the v2 function with per-level point counts) exports with opbridge's one
+    node (custom) or standard ONNX ops and runs in ORT as in eager (at the exported size: these models' own code
+    fixes the image size, see docs/models.md)."""
+    import warnings
+
+    import numpy as np
+    import onnx
+
+    import opbridge_ort
+
+    model, pixels = _build(model_class, torch.float32, **overrides)
+    opbridge.patch_model(model)
+    with torch.no_grad():
+        expected = model(pixels).numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's and torch.export's notes on the model's own code
+        path = str(tmp_path / "model.onnx")
+        proto = opbridge.onnx.export(model, (pixels,), path, opset_version=opset, dynamo=exporter == "dynamo",
+                                     lowering=lowering, input_names=["pixels"])  # fmt: skip
+    nodes = {(n.domain, n.op_type) for n in onnx.load(str(tmp_path / "model.onnx")).graph.node}
+    has_node = ("opbridge", "MultiScaleDeformableAttention") in nodes
+    assert has_node == (lowering == "custom"), sorted(d for d in nodes if d[0])
+    got = opbridge_ort.InferenceSession(proto).run(None, {"pixels": pixels.numpy()})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)

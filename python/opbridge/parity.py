@@ -49,6 +49,7 @@ _DTYPE_NAMES = {
     torch.float16: "float16",
     torch.int32: "int32",
     torch.int64: "int64",
+    torch.bool: "bool",
 }
 # (rtol, atol) for ORT vs PyTorch; float16 allows the two roundings of Mul+Add vs one.
 _TOLERANCES = {
@@ -57,6 +58,7 @@ _TOLERANCES = {
     "float16": (2e-3, 2e-3),
     "int32": (0, 0),
     "int64": (0, 0),
+    "bool": (0, 0),
 }
 
 

@@ -16,6 +16,7 @@ Lowerings (dynamic batch and image size: the level table is read from tensors at
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -500,10 +501,34 @@ def _gathered(b, value, spatial_shapes, level_start_index, locations, weights):
     return b.op("Reshape", out, g.shape(g.n_1d, g.lq_1d, b.op("Mul", g.m_1d, g.d_1d)))
 
 
+def _value_typed(lowering):
+    """The lowering with sampling_locations and attention_weights in value's element type. Eager has the three in
+    one dtype (the op checks it), but an exporter can type them otherwise: the TorchScript exporter computes
+    transformers' reference points (``torch.linspace(..., dtype=float32)``) in float64, so the locations reach the
+    graph as double beside a float value, which ORT's kernels (GridSample, opbridge's node) refuse. A Cast to value's
+    type is what eager computes; where the exporter knows no dtype, CastLike (opset >= 15) does the same at run time."""
+
+    @functools.wraps(lowering)
+    def typed(b, value, spatial_shapes, level_start_index, locations, weights):
+        try:
+            want = b.dtype(value, "value")
+            cast = [t if b.dtype(t, "sampling input") == want else b.op("Cast", t, to=_onnx_dtype(b, value))
+                    for t in (locations, weights)]  # fmt: skip
+        except specs.UnknownToExporter:
+            cast = [b.op("CastLike", t, value) for t in (locations, weights)] if b.opset >= 15 else [locations, weights]
+        return lowering(b, value, spatial_shapes, level_start_index, *cast)
+
+    return typed
+
+
 _LOWERINGS = [
-    specs.Lowering("standard", _grid_sample, min_opset=16, note="GridSample per level (float64 < opset 20: Gather)"),
-    specs.Lowering("standard", _gathered, min_opset=11, max_opset=15, note="Gather bilinear decomposition"),
-    specs.Lowering("custom", _custom, min_opset=9, note="opbridge::MultiScaleDeformableAttention"),
+    specs.Lowering(
+        "standard", _value_typed(_grid_sample), min_opset=16, note="GridSample per level (float64 < opset 20: Gather)"
+    ),
+    specs.Lowering(
+        "standard", _value_typed(_gathered), min_opset=11, max_opset=15, note="Gather bilinear decomposition"
+    ),
+    specs.Lowering("custom", _value_typed(_custom), min_opset=9, note="opbridge::MultiScaleDeformableAttention"),
 ]
 
 
