@@ -588,7 +588,7 @@ def _cases() -> list[ModelCase]:
             "torchvision.raft_small",
             "torchvision",
             "optical flow",
-            _torchvision("raft_small", 64, 96),
+            _torchvision("raft_small", 128, 160),  # RAFT needs >= 128 px
             {0: {2: "height", 3: "width"}, 1: {2: "height", 3: "width"}},
         ),
     ]
