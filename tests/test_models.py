@@ -37,3 +37,27 @@ def test_regressions_are_found():
     after = models.Result(id="b", opbridge=True, outcome="export fails", **base)
     assert models.regressions([before, after])
     assert not models.regressions([before, models.Result(id="c", opbridge=True, outcome="ok", **base)])
+
+
+class _SizeAsNumber(__import__("torch").nn.Module):
+    """Module code that turns its input's height into a number: the exported graph holds the example's size."""
+
+    def forward(self, x):
+        import torch
+
+        height = int(x.shape[2])
+        return x.mean(dim=(2, 3)) * torch.tensor(float(height))
+
+
+@pytest.mark.parametrize("exporter, opset", [("legacy", 17), ("dynamo", 18)])
+def test_a_graph_fixed_to_the_exported_size_is_named(exporter, opset, monkeypatch):
+    import torch
+
+    def build():
+        return _SizeAsNumber(), (torch.rand(1, 3, 8, 8),), (torch.rand(1, 3, 12, 12),)
+
+    case = models.ModelCase("toy.size_as_number", "toy", "test", build, {0: {2: "height", 3: "width"}})
+    monkeypatch.setitem(models.CASES, case.name, case)
+    result = models.run_case(case.name, False, exporter, opset)
+    assert result.outcome == "fixed size", result
+    assert "matches at the exported size" in result.cause and "tests/test_models.py:" in result.cause, result.cause

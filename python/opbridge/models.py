@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -842,6 +843,12 @@ def _compare(got: list, want: list) -> tuple[str | None, float]:
     return None, worst
 
 
+def _short_path(path: str) -> str:
+    """A source path as a reader knows it: from the package on (``transformers/models/...``), never a machine's."""
+    path = path.replace(os.sep, "/")
+    return path.split("site-packages/")[-1] if "site-packages/" in path else "/".join(path.split("/")[-2:])
+
+
 def _first_tracer_warning(caught) -> str:
     """Where the TorchScript tracer turned a value of the model's code (not torch's) into a constant: a tensor
     made a constant or a number first, a Python boolean (a branch taken) after."""
@@ -852,7 +859,7 @@ def _first_tracer_warning(caught) -> str:
         where = warning.filename.replace(os.sep, "/")
         if issubclass(warning.category, torch.jit.TracerWarning) and "/torch/" not in where:
             text = str(warning.message).split(". ")[0]
-            found.append((("boolean" in text), f"{where.split('site-packages/')[-1]}:{warning.lineno} ({text})"))
+            found.append((("boolean" in text), f"{_short_path(where)}:{warning.lineno} ({text})"))
     return f"the trace fixed a value at {min(found)[1]}" if found else ""
 
 
@@ -874,10 +881,10 @@ def _specialized(program, case: ModelCase) -> str:
             return f"torch.export specialized the image size to {fixed}"
     for node in lifted:
         for use in node.users:
-            frames = [line.strip() for line in use.meta.get("stack_trace", "").splitlines() if line.strip()]
-            files = [f for f in frames if f.startswith("File ") and "/torch/" not in f]
-            if files:
-                where = files[-1].split("site-packages/")[-1].replace('", line ', ":").split(",")[0].strip('"')
+            frames = re.findall(r'File "([^"]+)", line (\d+)', use.meta.get("stack_trace", ""))
+            frames = [(path, line) for path, line in frames if "/torch/" not in path.replace(os.sep, "/")]
+            if frames:
+                where = f"{_short_path(frames[-1][0])}:{frames[-1][1]}"
                 return f"torch.export made a tensor built from sizes a constant of the graph (used at {where})"
     return ""
 
