@@ -143,13 +143,18 @@ class _HuggingFaceWrapper(torch.nn.Module):
     def __init__(self, model, extra=None) -> None:
         super().__init__()
         self.model = model
-        self.extra = extra or {}
+        # Other inputs (token ids) are made once, outside forward (a generator traced in forward would not export),
+        # and kept as buffers: constants of the exported graph, as a deployed model with a fixed prompt has them.
+        self.extra_names = list(extra or {})
+        for name, make in (extra or {}).items():
+            self.register_buffer(f"extra_{name}", make(), persistent=False)
 
     def forward(self, pixel_values):
         if hasattr(self.model, "language_cache_class"):  # OmDet-Turbo keeps text embeddings, graph and all
             for name in ("language_cache_class", "language_cache_prompt"):
                 setattr(self.model, name, type(getattr(self.model, name))(self.model.config.cache_size))
-        out = self.model(pixel_values=pixel_values, **{k: v() for k, v in self.extra.items()})
+        extra = {name: getattr(self, f"extra_{name}") for name in self.extra_names}
+        out = self.model(pixel_values=pixel_values, **extra)
         hidden = getattr(out, "last_hidden_state", None)
         return hidden if hidden is not None else out[0]
 
