@@ -622,12 +622,14 @@ def _cases() -> list[ModelCase]:
         )
     for model_class, (config, extra) in TRANSFORMERS_MSDA.items():
         size = 128 if not model_class.startswith(("LwDetr", "RfDetr")) else 256
+        # LW-DETR's windowed ViT needs its patch grid divisible by the window grid (4 x 4 windows of 16-px patches)
+        other = size + (64 if model_class.startswith("LwDetr") else 32)
         cases.append(
             ModelCase(
                 f"transformers.{model_class}",
                 "transformers",
                 "detection (MSDA)",
-                _transformers(model_class, config, size, size + 32, extra),
+                _transformers(model_class, config, size, other, extra),
                 {0: {2: "height", 3: "width"}},
                 served=True,
                 fast=model_class == "DeformableDetrModel",
