@@ -186,3 +186,22 @@ def test_patched_model_exports_with_each_lowering(model_class, overrides, loweri
     assert has_node == (lowering == "custom"), sorted(d for d in nodes if d[0])
     got = opbridge_ort.InferenceSession(proto).run(None, {"pixels": pixels.numpy()})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_level_table_from_traced_sizes_stays_dynamic():
+    """Under the TorchScript tracer a feature map's shape gives 0-d tensors: the level table built from them must
+    follow the input's size in the trace (transformers' own table, from torch.as_tensor, is a constant of it)."""
+    from opbridge.integrations import _level_table
+
+    def table(x):
+        levels = [(x.shape[2], x.shape[3]), (x.shape[2] // 2, x.shape[3] // 2)]
+        shapes, starts = _level_table(levels)
+        return shapes, starts
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(table, torch.zeros(1, 1, 8, 6))
+    shapes, starts = traced(torch.zeros(1, 1, 12, 10))
+    assert shapes.tolist() == [[12, 10], [6, 5]] and starts.tolist() == [0, 120]

@@ -45,14 +45,16 @@ def _served(*tensors: torch.Tensor) -> bool:
     return all(t.dtype in _SERVED_DTYPES and t.device.type == "cpu" for t in tensors)
 
 
+def _int64(size) -> torch.Tensor:
+    return size.to(torch.int64) if isinstance(size, torch.Tensor) else torch.scalar_tensor(size, dtype=torch.int64)
+
+
 def _level_table(value_spatial_shapes) -> tuple[torch.Tensor, torch.Tensor]:
     """(spatial_shapes [L, 2] int64, level_start_index [L]) from a tensor or a list of (H, W)."""
     if isinstance(value_spatial_shapes, torch.Tensor):
         shapes = value_spatial_shapes.to(torch.int64)
-    else:
-        shapes = torch.stack(
-            [torch.scalar_tensor(size, dtype=torch.int64) for pair in value_spatial_shapes for size in pair]
-        ).view(-1, 2)
+    else:  # sizes as ints, or as the 0-d tensors the TorchScript tracer gives for a traced shape (kept traced)
+        shapes = torch.stack([_int64(size) for pair in value_spatial_shapes for size in pair]).view(-1, 2)
     areas = shapes[:, 0] * shapes[:, 1]
     return shapes, torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]])
 
@@ -65,6 +67,11 @@ def _hub_layer_forward(self, value, value_spatial_shapes, value_spatial_shapes_l
     if not _served(value, sampling_locations, attention_weights):
         return type(self).forward(self, value, value_spatial_shapes, value_spatial_shapes_list, level_start_index,
                                   sampling_locations, attention_weights, im2col_step)  # fmt: skip
+    if torch.jit.is_tracing() and value_spatial_shapes_list is not None:
+        # The TorchScript tracer: the library builds value_spatial_shapes with torch.as_tensor, a constant of the
+        # trace, while the list holds the traced sizes; the table from the list keeps the image size dynamic.
+        shapes, starts = _level_table(value_spatial_shapes_list)
+        return ms_deform_attn(value, shapes, starts, sampling_locations, attention_weights)
     return ms_deform_attn(value, value_spatial_shapes.to(torch.int64), level_start_index.to(torch.int64),
                           sampling_locations, attention_weights)  # fmt: skip
 
