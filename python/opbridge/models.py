@@ -714,8 +714,11 @@ def _flatten(output) -> list:
     return []
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _one_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
     if "## Exception summary" in lines:  # torch.onnx's TorchExportError: the summary names the real error
         lines = lines[lines.index("## Exception summary") + 1 :]
         return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
@@ -1011,7 +1014,7 @@ def markdown(results: Sequence[Result], environment: dict[str, str], seconds: fl
     lines += ["", "## Causes", "", "| case | outcome | cause |", "|---|---|---|"]
     for r in results:
         if r.outcome != "ok":
-            lines.append(f"| `{r.id}` | {r.outcome} | {r.cause.replace('|', '/')} |")
+            lines.append(f"| `{r.id}` | {r.outcome} | {_ANSI.sub('', r.cause).replace('|', '/')} |")
     timed = [r for r in results if r.eager_ms is not None]
     if timed:
         lines += [
