@@ -337,6 +337,17 @@ def _hgnet():
 
 #: transformers families with multi-scale deformable attention: model class -> (config factory, extra inputs).
 #: tests/test_integrations.py checks that every family transformers marks with the kernel hook is here.
+#: Mask2Former and OneFormer: the same small Swin backbone, pixel decoder and transformer decoder.
+_MASK_FORMER = dict(
+    backbone_config=lambda: _swin(224, 16, ["stage1", "stage2", "stage3", "stage4"]),
+    hidden_dim=32,
+    encoder_feedforward_dim=64,
+    dim_feedforward=64,
+    encoder_layers=1,
+    decoder_layers=2,
+    num_attention_heads=2,
+    num_queries=10,
+)
 #: D-FINE and DEIMv2 (the same decoder): the same number of points on every level, which opbridge's op serves
 #: (per-level counts run the library's own function).
 _D_FINE = dict(
@@ -520,34 +531,15 @@ TRANSFORMERS_MSDA = {
     "DFineModel": (_config("DFineConfig", **_D_FINE), None),
     "Deimv2Model": (_config("Deimv2Config", **_D_FINE), None),
     "Mask2FormerModel": (
-        _config(
-            "Mask2FormerConfig",
-            backbone_config=lambda: _swin(224, 16, ["stage1", "stage2", "stage3", "stage4"]),
-            hidden_dim=32,
-            feature_size=32,
-            mask_feature_size=32,
-            encoder_feedforward_dim=64,
-            dim_feedforward=64,
-            encoder_layers=1,
-            decoder_layers=2,
-            num_attention_heads=2,
-            num_queries=10,
-        ),
+        _config("Mask2FormerConfig", feature_size=32, mask_feature_size=32, **_MASK_FORMER),
         None,
     ),
     "OneFormerModel": (
         _config(
             "OneFormerConfig",
-            backbone_config=lambda: _swin(224, 16, ["stage1", "stage2", "stage3", "stage4"]),
-            hidden_dim=32,
             conv_dim=32,
             mask_dim=32,
-            encoder_feedforward_dim=64,
-            dim_feedforward=64,
-            encoder_layers=1,
-            decoder_layers=2,
-            num_attention_heads=2,
-            num_queries=10,
+            **_MASK_FORMER,
             text_encoder_width=32,
             text_encoder_num_layers=1,
             task_seq_len=8,
