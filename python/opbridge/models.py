@@ -549,10 +549,6 @@ TRANSFORMERS_MSDA = {
         {"task_inputs": _task_ids},
     ),
 }
-#: Families whose model transformers marks with the hook but that this sweep cannot build yet, with why.
-TRANSFORMERS_MSDA_UNBUILT: dict[str, str] = {}
-#: Families with their own MSDA variant that patch_model does not serve, with why.
-TRANSFORMERS_MSDA_NOT_SERVED: dict[str, str] = {}
 
 
 def _cases() -> list[ModelCase]:
