@@ -23,12 +23,7 @@ def _any(b, self, dim=None, keepdim=None):
         except (TypeError, ValueError, RuntimeError):
             axes = b.value(dim, "is")  # any.dims: a list
         axes = [int(axes)] if not isinstance(axes, (list, tuple)) else [int(a) for a in axes]
-    if axes is None:
-        total = b.op("ReduceSum", hits, keepdims=0)
-    elif b.opset >= 13:
-        total = b.op("ReduceSum", hits, b.constant(list(axes)), keepdims=keep)
-    else:
-        total = b.op("ReduceSum", hits, axes=list(axes), keepdims=keep)
+    total = b.op("ReduceSum", hits, keepdims=0) if axes is None else b.reduce("Sum", hits, axes, keepdims=keep)
     return b.op("Greater", total, b.constant(0))
 
 

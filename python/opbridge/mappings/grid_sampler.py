@@ -111,8 +111,7 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
         return total
 
     def unsqueeze(value):  # [N, *out] -> [N, *out, 1]
-        axis = spatial + 1
-        return b.op("Unsqueeze", value, i64([axis])) if b.opset >= 13 else b.op("Unsqueeze", value, axes=[axis])
+        return b.unsqueeze(value, spatial + 1)
 
     if mode == "nearest":
         sampled = b.op("Gather", rows, index([b.op("Round", c) for c in coords]), axis=0)  # Round: half to even

@@ -47,7 +47,30 @@ def _legacy_attribute(name: str, value: Any) -> tuple[str, Any]:
     raise TypeError(f"attribute {name}={value!r}: expected int, float, str or a list of them")
 
 
-class LegacyBuilder:
+#: ONNX op -> the first opset where its ``axes`` is an input instead of an attribute.
+_AXES_INPUT_SINCE = {"Unsqueeze": 13, "Squeeze": 13, "ReduceSum": 13}
+
+
+class _Shared:
+    """Helpers both builders share: ops whose form changed across opsets, written once."""
+
+    def with_axes(self, op_type: str, value, axes: Sequence[int], **attributes):
+        """``op_type`` (Unsqueeze, Squeeze, ReduceMax, ReduceSum, ...) over ``axes``, as an attribute or as an input
+        (Unsqueeze/Squeeze/ReduceSum from opset 13, the other Reduce* from 18) as the opset wants."""
+        since = _AXES_INPUT_SINCE.get(op_type, 18)
+        if self.opset >= since:
+            return self.op(op_type, value, self.constant(list(axes)), **attributes)
+        return self.op(op_type, value, axes=list(axes), **attributes)
+
+    def unsqueeze(self, value, axes: Sequence[int] | int):
+        return self.with_axes("Unsqueeze", value, [axes] if isinstance(axes, int) else axes)
+
+    def reduce(self, op_type: str, value, axes: Sequence[int], keepdims: bool = False):
+        """``Reduce<op_type>`` (Sum, Max, Min, ...) over ``axes``."""
+        return self.with_axes(f"Reduce{op_type}", value, axes, keepdims=int(keepdims))
+
+
+class LegacyBuilder(_Shared):
     """Builder over the TorchScript-based exporter's GraphContext."""
 
     exporter = "legacy"
@@ -137,7 +160,7 @@ class LegacyBuilder:
             out.setType(like_type.with_sizes(list(sizes)) if sizes is not None else like_type)
 
 
-class DynamoBuilder:
+class DynamoBuilder(_Shared):
     """Builder recording onnxscript ops, for a custom_translation_table function."""
 
     exporter = "dynamo"

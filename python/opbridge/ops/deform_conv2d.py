@@ -551,7 +551,7 @@ def _decomposed(b, x, weight, offset, bias, mask, a: Attributes):
     )
 
     def last_axis(value):  # [N, P, G, K] -> [N, P, G, K, 1]
-        return b.op("Unsqueeze", value, i64([4])) if b.opset >= 13 else b.op("Unsqueeze", value, axes=[4])
+        return b.unsqueeze(value, 4)
 
     terms = [
         b.op("Mul", b.op("Gather", rows, index, axis=0), last_axis(b.op("Mul", wy, wx))) for index, wy, wx in corners

@@ -391,14 +391,10 @@ class _Graph:
         )
 
     def reduce_sum(self, value, axes: list[int]):
-        b = self.b
-        if b.opset >= 13:
-            return b.op("ReduceSum", value, b.constant(axes), keepdims=0)
-        return b.op("ReduceSum", value, axes=axes, keepdims=0)
+        return self.b.reduce("Sum", value, axes)
 
     def unsqueeze(self, value, axis: int):
-        b = self.b
-        return b.op("Unsqueeze", value, b.constant([axis])) if b.opset >= 13 else b.op("Unsqueeze", value, axes=[axis])
+        return self.b.unsqueeze(value, axis)
 
 
 def _onnx_dtype(b, like) -> int:
