@@ -208,7 +208,7 @@ OP_PATHS = [
 @pytest.mark.parametrize(("spec", "path"), OP_PATHS)
 def test_no_op_returns_a_result_for_mixed_devices(spec, path):
     """Each input in turn on the meta device, the rest on the CPU: an error, never an output."""
-    module = spec.call_paths[path]().eval()
+    module = spec.module(path)
     inputs = spec.sample_inputs(spec.dtypes[0], spec.operand_kinds[0], 2)
     parameters = [p.device for p in module.parameters()]
     for index in range(len(inputs)):
@@ -222,10 +222,10 @@ def test_no_op_returns_a_result_for_mixed_devices(spec, path):
 @pytest.mark.parametrize(("spec", "path"), OP_PATHS)
 def test_meta_inputs_give_meta_outputs(spec, path):
     """All on the meta device: the fake kernel answers with the output's shape, on meta."""
-    module = spec.call_paths[path]().eval().to("meta")
+    module = spec.module(path).to("meta")
     inputs = spec.sample_inputs(spec.dtypes[0], spec.operand_kinds[0], 2)
     with torch.no_grad():
-        expected = spec.call_paths[path]().eval()(*inputs)
+        expected = spec.module(path)(*inputs)
     out = module(*[t.to("meta") for t in inputs])
     assert out.device.type == "meta" and out.shape == expected.shape
 

@@ -159,7 +159,7 @@ def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> Su
     import opbridge_ort
 
     dtype = next(d for d in spec.dtypes if _DTYPE_NAMES[d] == cell.dtype)
-    module = spec.call_paths[cell.path]().eval()
+    module = spec.module(cell.path, operands)
     if dtype.is_floating_point:
         module = module.to(dtype)  # parameters follow the cell's dtype
     export_inputs = spec.sample_inputs(dtype, operands, EXPORT_BATCH)

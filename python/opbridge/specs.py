@@ -16,6 +16,7 @@ export runs it.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,7 +81,8 @@ class OpSpec:
     #: dtypes the op supports; the parity matrix runs each.
     dtypes: Sequence[torch.dtype] = (torch.float32,)
     #: name -> factory of an nn.Module calling the op that way (torch op, pybind, autograd.Function, ...).
-    #: The parity matrix runs each; an op without call paths is not in the matrix.
+    #: The parity matrix runs each; an op without call paths is not in the matrix. A factory that takes an
+    #: ``operands`` argument is given the operand kind (e.g. einsum's equation): build them with :meth:`module`.
     call_paths: dict[str, Callable[[], torch.nn.Module]] = field(default_factory=dict)
     #: (dtype, operands, batch) -> example inputs; ``operands`` is one of ``operand_kinds``.
     #: The parity matrix finds the batch dims by comparing two batch sizes.
@@ -88,7 +90,7 @@ class OpSpec:
     operand_kinds: Sequence[str] = ("default",)
     input_names: Sequence[str] = ()
     #: independent reference implementation (plain torch math), for tests; called with the sample inputs, and
-    #: with ``path=`` (the call path's name) too when it takes that argument.
+    #: with ``path=`` (the call path's name) and ``operands=`` (the operand kind) too when it takes them.
     reference: Callable[..., torch.Tensor] | None = None
     #: parity tolerances that differ from the defaults: dtype name -> (rtol, atol).
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -114,6 +116,14 @@ class OpSpec:
         """``namespace::name`` without an overload (``aten::scatter_reduce.two`` -> ``aten::scatter_reduce``): the
         key of the TorchScript-based exporter's symbolic registry."""
         return self.torch_op.split(".")[0]
+
+    def module(self, path: str, operands: str | None = None) -> torch.nn.Module:
+        """The call path's module in eval mode, for ``operands`` (default: the first operand kind) if its factory
+        takes them."""
+        factory = self.call_paths[path]
+        if "operands" in inspect.signature(factory).parameters:
+            return factory(operands=operands or self.operand_kinds[0]).eval()
+        return factory().eval()
 
     def is_available(self) -> bool:
         return self.available is None or bool(self.available())

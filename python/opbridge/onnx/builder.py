@@ -124,6 +124,12 @@ class LegacyBuilder(_Shared):
 
         return argument is None or symbolic_helper._is_none(argument)
 
+    def values(self, argument) -> list:
+        """A Tensor[] argument as a list of values."""
+        from torch.onnx import symbolic_helper
+
+        return list(symbolic_helper._unpack_list(argument))
+
     def static_shape(self, value) -> list[int | None] | None:
         """The sizes the exporter knows (None for dynamic dims), or None if not even the rank is known."""
         value_type = value.type()
@@ -216,6 +222,9 @@ class DynamoBuilder(_Shared):
 
     def is_none(self, argument) -> bool:
         return argument is None
+
+    def values(self, argument) -> list:
+        return list(argument)
 
     def static_shape(self, value) -> list[int | None] | None:
         shape = getattr(value, "shape", None)
