@@ -113,6 +113,10 @@ class LegacyBuilder(_Shared):
         """An int64 constant (shapes, axes, indices)."""
         return self.g.op("Constant", value_t=torch.tensor(values, dtype=torch.int64))
 
+    def tensor(self, value: torch.Tensor):
+        """A constant of any dtype and shape."""
+        return self.g.op("Constant", value_t=value)
+
     def value(self, argument, kind: str = "i"):
         """A non-tensor argument (int, float, list) as a Python value."""
         from torch.onnx import symbolic_helper
@@ -215,7 +219,12 @@ class DynamoBuilder(_Shared):
     def constant(self, values: Sequence[int] | int):
         if isinstance(values, int):
             return self._standard.Constant(value_int=values)
+        if not values:  # an empty attribute list has no type: a tensor says int64
+            return self.tensor(torch.zeros(0, dtype=torch.int64))
         return self._standard.Constant(value_ints=list(values))
+
+    def tensor(self, value: torch.Tensor):
+        return self._standard.Constant(value=self._onnxscript.ir.tensor(value.numpy()))
 
     def value(self, argument, kind: str = "i"):
         return argument
