@@ -120,8 +120,11 @@ def _resample(b, input, output_size, align_corners, scales, mode: str):
         batch_channels = b.op("Gather", b.op("Shape", input), b.constant([0, 1]), axis=0)
         target = b.op("Concat", batch_channels, *[b.op("Reshape", n, b.constant([1])) for n in out_sizes], axis=0)
         empty = b.tensor(torch.zeros(0, dtype=torch.float32))
-        return b.op("Resize", input, empty, empty, target, mode="cubic" if mode == "bicubic" else "linear",
-                    antialias=1, cubic_coeff_a=_A, exclude_outside=1, coordinate_transformation_mode="half_pixel")  # fmt: skip
+        kind = "cubic" if mode == "bicubic" else "linear"
+        return b.op(
+            "Resize", input, empty, empty, target, mode=kind, antialias=1, cubic_coeff_a=_A, exclude_outside=1,
+            coordinate_transformation_mode="half_pixel",
+        )  # fmt: skip
     weights = []
     for n_in, n_out, factor in zip(in_sizes, out_sizes, factors, strict=True):
         # 1-element 1-D, not 0-d: the TorchScript exporter's scalar type analysis computes arithmetic between 0-d
@@ -225,7 +228,7 @@ for _mode, _build in (("bicubic", _bicubic), ("bilinear", _bilinear)):
                     min_opset=9,
                     note="weights from the sizes, MatMul (opset >= 18, float32, sizes given: Resize with antialias)",
                 )
-            ],  # fmt: skip
+            ],
             dtypes=(torch.float32, torch.float64),
             call_paths={how: lambda _mode=_mode, how=how: _Interpolate(_mode, how) for how in _PATHS},
             sample_inputs=_sample_inputs,
