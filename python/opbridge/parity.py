@@ -218,10 +218,11 @@ def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> Su
                 operands, batch, False, None,
                 f"ORT gave {ort_out.dtype}{list(ort_out.shape)}, PyTorch {want.dtype}{list(want.shape)}",
             )  # fmt: skip
-        if want.size:  # NaN where PyTorch has NaN is agreement (np.allclose's equal_nan below)
-            difference = np.abs(ort_out.astype(np.float64) - want.astype(np.float64))
-            both_nan = np.isnan(ort_out.astype(np.float64)) & np.isnan(want.astype(np.float64))
-            max_error = max(max_error, float(np.max(np.where(both_nan, 0.0, difference))))
+        if want.size:  # the same inf, or NaN where PyTorch has NaN, is agreement (np.allclose's equal_nan below)
+            a, b = ort_out.astype(np.float64), want.astype(np.float64)
+            with np.errstate(invalid="ignore"):  # inf - inf
+                difference = np.where((a == b) | (np.isnan(a) & np.isnan(b)), 0.0, np.abs(a - b))
+            max_error = max(max_error, float(np.max(difference)))
         if not np.allclose(ort_out, want, rtol=rtol, atol=atol, equal_nan=True):
             return SubResult(operands, batch, False, max_error, f"max error {max_error:.3g} > rtol {rtol}/atol {atol}")
     return SubResult(operands, batch, True, max_error)

@@ -28,8 +28,9 @@ def _extremum(b, self, dim, kind: str):
     if shape is None:
         raise specs.UnknownToExporter(f"aten::cum{kind} export needs the rank of self; the exporter does not know it")
     dtype = b.dtype(self, "self")
-    if dtype == torch.bool:
-        raise specs.LoweringError(f"aten::cum{kind} of a bool tensor has no ONNX rule here; cast it to int first")
+    if dtype == torch.bool:  # as 0/1 integers (ONNX's comparisons and reductions take no bool), values back to bool
+        values, indices = _extremum(b, b.op("Cast", self, to=ONNX_TYPES[torch.int32]), dim, kind)
+        return b.op("Cast", values, to=ONNX_TYPES[torch.bool]), indices
     rank = len(shape)
     dim = int(b.value(dim, "i"))
     if rank == 0:  # torch: the element itself, index 0
