@@ -107,6 +107,11 @@ def models_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per case (default 300)")
     parser.add_argument("--json", type=Path, help="write every case here (reports/models.json)")
     parser.add_argument("--markdown", type=Path, help="write the report here (docs/models.md)")
+    parser.add_argument(
+        "--speed", action="store_true", help="time Deformable DETR as published, without and with opbridge, and stop"
+    )
+    parser.add_argument("--image", type=int, default=512, help="with --speed: the image size (default 512)")
+    parser.add_argument("--threads", type=int, default=1, help="with --speed: threads for torch and ORT (default 1)")
     return parser
 
 

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -900,6 +901,81 @@ def _time_ms(call: Callable, repeats: int = 5) -> float:
     return 1000 * sorted(times)[len(times) // 2]
 
 
+# --- a served model at a realistic size ---------------------------------------------------------------------------
+
+
+def speed(image: int = 512, threads: int = 1, repeats: int = 5) -> list[tuple[str, float, float]]:
+    """Deformable DETR as published (d_model 256, 6 + 6 layers, 8 heads, 4 levels x 4 points, 300 queries; a
+    ResNet-18 backbone, random weights) at ``image`` x ``image``: (what, without opbridge ms, with opbridge ms) for
+    eager (transformers' grid_sample loop vs ``patch_model``) and ONNX Runtime (its GridSample export vs the custom
+    node), all in one process, one after the other. Fails if the two disagree (float32, 1e-3)."""
+    import io
+
+    import onnx
+    import onnxruntime
+    import torch
+    import transformers
+
+    import opbridge
+    import opbridge.onnx
+    import opbridge_ort
+
+    torch.manual_seed(0)
+    torch.set_num_threads(threads)
+    backbone = transformers.ResNetConfig(
+        depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512], layer_type="basic",
+        out_features=["stage2", "stage3", "stage4"],
+    )  # fmt: skip
+    model = transformers.DeformableDetrModel(transformers.DeformableDetrConfig(backbone_config=backbone)).eval()
+    inputs = (torch.randn(1, 3, image, image),)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+
+    def exported(lowering: str) -> onnx.ModelProto:
+        buffer = io.BytesIO()
+        with opbridge.onnx.lowering(lowering), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, inputs, buffer, dynamo=False, opset_version=17, input_names=["pixel_values"])
+        return onnx.load_from_string(buffer.getvalue())
+
+    def timed_session(session) -> tuple[float, object]:
+        feeds = {"pixel_values": inputs[0].numpy()}
+        return _time_ms(lambda: session.run(None, feeds), repeats), session.run(None, feeds)[0]
+
+    with torch.no_grad():
+        eager_without = _time_ms(lambda: model(*inputs), repeats)
+        want = model(*inputs).last_hidden_state
+    plain = onnxruntime.InferenceSession(
+        exported("standard").SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    ort_without, got_without = timed_session(plain)
+    opbridge.patch_model(model)
+    with torch.no_grad():
+        eager_with = _time_ms(lambda: model(*inputs), repeats)
+        got = model(*inputs).last_hidden_state
+    ort_with, got_with = timed_session(opbridge_ort.InferenceSession(exported("custom"), options))
+    for name, value in (("eager with patch_model", got), ("ORT without", got_without), ("ORT custom", got_with)):
+        torch.testing.assert_close(
+            torch.as_tensor(value), want, rtol=1e-3, atol=1e-3, msg=lambda m, n=name: f"{n}: {m}"
+        )
+    return [
+        ("eager", eager_without, eager_with),
+        ("ONNX Runtime (TorchScript exporter, opset 17)", ort_without, ort_with),
+    ]
+
+
+def speed_markdown(rows: list[tuple[str, float, float]], image: int, threads: int) -> str:
+    lines = [
+        f"Deformable DETR as published (d_model 256, 6 + 6 layers, 300 queries, ResNet-18 backbone, random weights) "
+        f"at {image}x{image}, {threads} thread(s), median of 5 (`python -m opbridge models --speed --image {image}`):",
+        "",
+        "| | without opbridge | with opbridge | speedup |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {what} | {a:.0f} ms | {b:.0f} ms | {a / b:.2f}x |" for what, a, b in rows]
+    return "\n".join(lines)
+
+
 # --- the sweep: one process per case ----------------------------------------------------------------------------
 
 
@@ -1032,6 +1108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ._cli import models_parser
 
     args = models_parser().parse_args(argv)
+    if args.speed:
+        print(speed_markdown(speed(args.image, args.threads), args.image, args.threads))
+        return 0
     if args.case:
         result = run_case(*parse_id(args.case), timing=args.timing)
         if args.json_line:

@@ -37,6 +37,12 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
         raise UnknownToExporter("grid_sample export: the exporter does not know the rank of input (4-D or 5-D)")
     if len(shape) not in (4, 5):
         raise LoweringError(f"grid_sample export: input must be 4-D [N, C, H, W] or 5-D [N, C, D, H, W], got {shape}")
+    try:  # eager torch requires one dtype; the TorchScript exporter may have typed the grid float64 (transformers'
+        # Deformable DETR: reference points from traced sizes), which ONNX Runtime's GridSample refuses
+        if b.dtype(grid, "grid") != b.dtype(input):
+            grid = b.op("Cast", grid, to=ONNX_TYPES[b.dtype(input)])
+    except UnknownToExporter:
+        pass
     if b.opset >= 16 and len(shape) == 4 and b.dtype(input) != torch.float64:
         # torch's own rule (ONNX GridSample-16) serves 4-D from opset 16; not float64 below 20, which ONNX Runtime
         # has no GridSample-16 kernel of (this rule's Gathers run in float64).
