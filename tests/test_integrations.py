@@ -202,3 +202,37 @@ def test_level_table_from_traced_sizes_stays_dynamic():
         traced = torch.jit.trace(table, torch.zeros(1, 1, 8, 6))
     shapes, starts = traced(torch.zeros(1, 1, 12, 10))
     assert shapes.tolist() == [[12, 10], [6, 5]] and starts.tolist() == [0, 120]
+
+
+def test_published_deformable_detr_config_runs_in_ort():
+    """transformers' Deformable DETR at its published configuration (d_model 256, 8 heads, 4 levels x 4 points),
+    exported as a user does (plain torch.onnx.export, opset 17, no patch_model): the TorchScript exporter types the
+    sampling grid float64 while the input is float32, and ONNX Runtime refuses such a GridSample; opbridge's
+    grid_sampler rule gives the grid the input's dtype, as eager torch requires."""
+    import io
+    import warnings
+
+    import numpy as np
+    import onnxruntime
+    import transformers
+
+    torch.manual_seed(0)
+    backbone = transformers.ResNetConfig(
+        depths=[1, 1, 1, 1],
+        hidden_sizes=[8, 16, 32, 64],
+        layer_type="basic",
+        out_features=["stage2", "stage3", "stage4"],
+    )
+    config = transformers.DeformableDetrConfig(backbone_config=backbone, encoder_layers=1, decoder_layers=1)
+    model = transformers.DeformableDetrModel(config).eval()
+    pixels = torch.randn(1, 3, 128, 128)
+    with torch.no_grad():
+        expected = model(pixels).last_hidden_state.numpy()
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on transformers' own code
+        torch.onnx.export(model, (pixels,), buffer, dynamo=False, opset_version=17, input_names=["pixel_values"],
+                          output_names=["init_reference_points", "last_hidden_state"])  # fmt: skip
+    session = onnxruntime.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(["last_hidden_state"], {"pixel_values": pixels.numpy()})
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)

@@ -37,12 +37,20 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
         raise UnknownToExporter("grid_sample export: the exporter does not know the rank of input (4-D or 5-D)")
     if len(shape) not in (4, 5):
         raise LoweringError(f"grid_sample export: input must be 4-D [N, C, H, W] or 5-D [N, C, D, H, W], got {shape}")
-    try:  # eager torch requires one dtype; the TorchScript exporter may have typed the grid float64 (transformers'
-        # Deformable DETR: reference points from traced sizes), which ONNX Runtime's GridSample refuses
-        if b.dtype(grid, "grid") != b.dtype(input):
-            grid = b.op("Cast", grid, to=ONNX_TYPES[b.dtype(input)])
+    # Eager torch requires one dtype for both; the TorchScript exporter may type the grid float64 or not know it
+    # (transformers' Deformable DETR: reference points from traced sizes), and ONNX Runtime's GridSample refuses a
+    # float64 grid for a float32 input: the grid takes the input's dtype.
+    try:
+        target = b.dtype(input)
     except UnknownToExporter:
-        pass
+        target = None
+    if target is not None:
+        try:
+            known = b.dtype(grid, "grid")
+        except UnknownToExporter:
+            known = None
+        if known != target:
+            grid = b.op("Cast", grid, to=ONNX_TYPES[target])
     if b.opset >= 16 and len(shape) == 4 and b.dtype(input) != torch.float64:
         # torch's own rule (ONNX GridSample-16) serves 4-D from opset 16; not float64 below 20, which ONNX Runtime
         # has no GridSample-16 kernel of (this rule's Gathers run in float64).
