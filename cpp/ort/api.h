@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,70 @@ Ort::Status guarded(const char* op, Body&& body) noexcept {
   } catch (...) {
     return Ort::Status((std::string(op) + ": unknown error").c_str(), ORT_RUNTIME_EXCEPTION);
   }
+}
+
+// Node attributes, read in a kernel's constructor. An absent attribute gives `fallback` (the node's default);
+// one of another type, or out of range, throws an error naming the op and the attribute, which the runtime
+// reports when it creates the session (complete_op turns it into a status). The runtime words absence as
+// "No attribute with name ..." or "No attribute with this name ..." depending on its version.
+namespace attribute_detail {
+inline bool absent(const OrtApi* api, OrtStatus* status, const char* op, const char* name, const char* expected) {
+  if (status == nullptr) return false;
+  const std::string message = api->GetErrorMessage(status);
+  api->ReleaseStatus(status);
+  if (message.find("No attribute with") != std::string::npos) return true;
+  throw std::invalid_argument(std::string(op) + ": attribute '" + name + "' must be " + expected + " (" + message +
+                              ")");
+}
+}  // namespace attribute_detail
+
+inline int64_t int_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* op, const char* name,
+                             int64_t fallback) {
+  int64_t value = fallback;
+  const bool absent = attribute_detail::absent(api, api->KernelInfoGetAttribute_int64(info, name, &value), op, name,
+                                               "an integer");
+  return absent ? fallback : value;
+}
+
+// An int attribute that must be 0 or 1 (ONNX has no bool attributes).
+inline bool bool_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* op, const char* name,
+                           bool fallback) {
+  const int64_t value = int_attribute(api, info, op, name, fallback ? 1 : 0);
+  if (value != 0 && value != 1) {
+    throw std::invalid_argument(std::string(op) + ": attribute '" + name + "' must be 0 or 1, got " +
+                                std::to_string(value));
+  }
+  return value == 1;
+}
+
+inline float float_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* op, const char* name,
+                             float fallback) {
+  float value = fallback;
+  const bool absent =
+      attribute_detail::absent(api, api->KernelInfoGetAttribute_float(info, name, &value), op, name, "a float");
+  return absent ? fallback : value;
+}
+
+inline std::vector<int64_t> ints_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* op,
+                                           const char* name, std::vector<int64_t> fallback) {
+  size_t size = 0;
+  if (attribute_detail::absent(api, api->KernelInfoGetAttributeArray_int64(info, name, nullptr, &size), op, name,
+                               "a list of integers")) {
+    return fallback;
+  }
+  std::vector<int64_t> values(size);
+  if (size > 0) {
+    attribute_detail::absent(api, api->KernelInfoGetAttributeArray_int64(info, name, values.data(), &size), op, name,
+                             "a list of integers");
+  }
+  return values;
+}
+
+// An optional input, absent when the node has fewer inputs or an empty name there (the lite API's optional
+// tensors dereference an omitted input: read optional inputs through this).
+inline std::optional<Ort::ConstValue> optional_input(Ort::KernelContext& context, size_t index) {
+  if (context.GetInputCount() > index && context.GetInput(index)) return context.GetInput(index);
+  return std::nullopt;
 }
 
 // The kernels' parallel_for over the session's intra-op threads (so

@@ -22,43 +22,6 @@ constexpr kernels::DeformConv2dNames kNames{kOp,
                                             "input mask (index 4)",
                                             "input B (index 3)"};
 
-// Optional attributes: absent means the ONNX default; present, they must have the
-// type ONNX DeformConv gives them (a float `group` is an error, not a default).
-// The runtime reports absence as "No attribute with name ..." or "No attribute
-// with this name ..." (depending on the version).
-void attribute_status(const OrtApi* api, OrtStatus* status, const char* name, const char* expected, bool& absent) {
-  if (status == nullptr) return;
-  const std::string message = api->GetErrorMessage(status);
-  api->ReleaseStatus(status);
-  absent = message.find("No attribute with") != std::string::npos;
-  if (!absent) {
-    throw std::invalid_argument(std::string(kOp) + ": attribute '" + name + "' must be " + expected + " (" + message +
-                                ")");
-  }
-}
-
-std::vector<int64_t> ints_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name,
-                                    std::vector<int64_t> fallback) {
-  size_t size = 0;
-  bool absent = false;
-  attribute_status(api, api->KernelInfoGetAttributeArray_int64(info, name, nullptr, &size), name, "a list of integers",
-                   absent);
-  if (absent) return fallback;
-  std::vector<int64_t> values(size);
-  if (size > 0) {
-    attribute_status(api, api->KernelInfoGetAttributeArray_int64(info, name, values.data(), &size), name,
-                     "a list of integers", absent);
-  }
-  return values;
-}
-
-int64_t int_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name, int64_t fallback) {
-  int64_t value = fallback;
-  bool absent = false;
-  attribute_status(api, api->KernelInfoGetAttribute_int64(info, name, &value), name, "an integer", absent);
-  return absent ? fallback : value;
-}
-
 // The part both node forms share: the checks, the output and the kernel. `mask` and `bias` may be absent.
 template <class T>
 Ort::Status run_deform_conv2d(OrtKernelContext* context, const kernels::DeformConv2dNames& names,
@@ -81,21 +44,15 @@ Ort::Status run_deform_conv2d(OrtKernelContext* context, const kernels::DeformCo
   return Ort::Status(nullptr);
 }
 
-// An optional input, absent when the node has fewer inputs or an empty name there.
-inline std::optional<Ort::ConstValue> optional_input(Ort::KernelContext& ctx, size_t index) {
-  if (ctx.GetInputCount() > index && ctx.GetInput(index)) return ctx.GetInput(index);
-  return std::nullopt;
-}
-
 template <class T>
 struct DeformConv2d {
   DeformConv2d(const OrtApi* api, const OrtKernelInfo* info) {
-    attributes.strides = ints_attribute(api, info, "strides", {1, 1});
-    attributes.dilations = ints_attribute(api, info, "dilations", {1, 1});
-    attributes.pads = ints_attribute(api, info, "pads", {0, 0, 0, 0});
-    attributes.kernel_shape = ints_attribute(api, info, "kernel_shape", {});
-    attributes.groups = int_attribute(api, info, "group", 1);
-    attributes.offset_groups = int_attribute(api, info, "offset_group", 1);
+    attributes.strides = ints_attribute(api, info, kOp, "strides", {1, 1});
+    attributes.dilations = ints_attribute(api, info, kOp, "dilations", {1, 1});
+    attributes.pads = ints_attribute(api, info, kOp, "pads", {0, 0, 0, 0});
+    attributes.kernel_shape = ints_attribute(api, info, kOp, "kernel_shape", {});
+    attributes.groups = int_attribute(api, info, kOp, "group", 1);
+    attributes.offset_groups = int_attribute(api, info, kOp, "offset_group", 1);
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& x, const Ort::Custom::Tensor<T>& w,
@@ -141,7 +98,7 @@ constexpr kernels::DeformConv2dNames kMmcvNames{kMmcvOp,
 
 std::vector<int64_t> int_pair_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name,
                                         int64_t fallback) {
-  auto values = ints_attribute(api, info, name, {fallback, fallback});
+  auto values = ints_attribute(api, info, kMmcvOp, name, {fallback, fallback});
   if (values.size() == 1) values.push_back(values[0]);  // a single int for both dimensions
   return values;
 }
@@ -154,8 +111,8 @@ struct MmcvModulatedDeformConv2d {
     const auto padding = int_pair_attribute(api, info, "padding", 0);
     attributes.pads = padding.size() == 2 ? std::vector<int64_t>{padding[0], padding[1], padding[0], padding[1]}
                                           : padding;  // a wrong length is reported by the shape check
-    attributes.groups = int_attribute(api, info, "groups", 1);
-    attributes.offset_groups = int_attribute(api, info, "deform_groups", 1);
+    attributes.groups = int_attribute(api, info, kMmcvOp, "groups", 1);
+    attributes.offset_groups = int_attribute(api, info, kMmcvOp, "deform_groups", 1);
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& x, const Ort::Custom::Tensor<T>& offset,
