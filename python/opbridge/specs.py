@@ -2,7 +2,7 @@
 
 From these specs come the legacy exporter's symbolics (opbridge.onnx._legacy),
 the dynamo exporter's translations (opbridge.onnx._dynamo), the ONNX schemas of
-the custom nodes (opbridge.onnx._schemas), the parity matrix (opbridge.parity)
+the custom nodes (opbridge.onnx._schemas), the parity matrix (opbridge.tools.parity)
 and the docs' tables. An op's spec lives in its own module
 (``python/opbridge/ops/<op>.py``, or ``python/opbridge/mappings/<name>.py`` for
 export rules of ops that torch or torchvision own), which ``import opbridge``
@@ -67,6 +67,8 @@ class CustomNode:
     attributes: Sequence[tuple[str, str]] = ()
     #: inputs of type int64 whatever ``types`` says (sizes, indices).
     int64_inputs: Sequence[str] = ()
+    #: outputs of type int64 whatever ``types`` says (indices).
+    int64_outputs: Sequence[str] = ()
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,10 @@ def _register_custom_nodes(onnx, OpSchema, attribute_types) -> None:
                     OpSchema.Attribute(name, attribute_types[kind], "", required=False)
                     for name, kind in node.attributes
                 ],
-                outputs=[OpSchema.FormalParameter(name, "T") for name in node.outputs],
+                outputs=[
+                    OpSchema.FormalParameter(name, "tensor(int64)" if name in node.int64_outputs else "T")
+                    for name in node.outputs
+                ],
                 type_constraints=[("T", list(node.types), "element types the opbridge ORT library implements")],
             )
         )

@@ -163,10 +163,12 @@ class LegacyBuilder(_Shared):
         sizes = _broadcast(a_type.varyingSizes(), b_sizes)
         out.setType(a_type.with_sizes(sizes) if sizes is not None else a_type)
 
-    def set_type(self, out, like, sizes: Sequence[int | None] | None) -> None:
-        """Gives a custom node's output the dtype of ``like`` and ``sizes`` (None: unknown dims)."""
+    def set_type(self, out, like, sizes: Sequence[int | None] | None, dtype: torch.dtype | None = None) -> None:
+        """Gives a custom node's output the dtype of ``like`` (or ``dtype``) and ``sizes`` (None: unknown dims)."""
         like_type = like.type()
-        if isinstance(like_type, torch._C.TensorType) and like_type.scalarType() is not None:
+        if isinstance(like_type, torch._C.TensorType) and (like_type.scalarType() is not None or dtype is not None):
+            if dtype is not None:
+                like_type = like_type.with_dtype(dtype)
             out.setType(like_type.with_sizes(list(sizes)) if sizes is not None else like_type)
 
 
@@ -251,7 +253,7 @@ class DynamoBuilder(_Shared):
     def set_broadcast_type(self, out, a, b) -> None:
         """Types come from torch.export's fake tensors; nothing to do."""
 
-    def set_type(self, out, like, sizes) -> None:
+    def set_type(self, out, like, sizes, dtype=None) -> None:
         """Types come from torch.export's fake tensors; nothing to do."""
 
 

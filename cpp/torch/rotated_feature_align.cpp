@@ -1,0 +1,73 @@
+// opbridge::rotated_feature_align: S2A-Net's / R3Det's feature refinement (mmcv's rotated_feature_align) and its
+// backward (the gradient of the features; the boxes get none), CPU adapters of kernels/rotated_feature_align.h.
+#include "kernels/rotated_feature_align.h"
+
+#include "torch/api.h"
+
+OPBRIDGE_LIBRARY_FRAGMENT(m) {
+  m.def("rotated_feature_align(Tensor features, Tensor best_rboxes, float spatial_scale, int points=1) -> Tensor");
+  m.def(
+      "rotated_feature_align_backward(Tensor grad_output, Tensor best_rboxes, float spatial_scale, int points) "
+      "-> Tensor");
+}
+
+namespace opbridge {
+namespace {
+
+using api::Tensor;
+namespace k = kernels;
+
+k::RotatedFeatureAlignShape checked(const char* op, const char* features_name, const Tensor& features,
+                                    const Tensor& boxes, double spatial_scale, int64_t points) {
+  OPBRIDGE_CHECK(api::is_cpu(features) && api::is_cpu(boxes), op, ": expected CPU tensors, got ", features_name,
+                 " on ", api::device_name(features), " and best_rboxes on ", api::device_name(boxes));
+  OPBRIDGE_CHECK(features.scalar_type() == boxes.scalar_type(), op, ": best_rboxes must have the dtype of ",
+                 features_name, " (", api::dtype_name(features.scalar_type()), "), got ",
+                 api::dtype_name(boxes.scalar_type()));
+  k::RotatedFeatureAlignShape shape;
+  const auto status = k::check_rotated_feature_align({op, features_name, "best_rboxes"}, api::sizes(features),
+                                                     api::sizes(boxes), spatial_scale, points, shape);
+  OPBRIDGE_CHECK(status.ok(), status.message);
+  return shape;
+}
+
+const auto parallel_for = [](int64_t tasks, const auto& task) { api::parallel_for(tasks, task); };
+
+Tensor rotated_feature_align_cpu(const Tensor& features, const Tensor& best_rboxes, double spatial_scale,
+                                 int64_t points) {
+  constexpr const char* kOp = "opbridge::rotated_feature_align";
+  const auto shape = checked(kOp, "features", features, best_rboxes, spatial_scale, points);
+  auto out = api::empty(api::sizes(features), features.scalar_type());
+  if (out.numel() == 0) return out;
+  const auto x = api::contiguous(features), b = api::contiguous(best_rboxes);
+  api::dispatch_floating(features.scalar_type(), kOp, [&](auto tag) {
+    using T = decltype(tag);
+    k::rotated_feature_align(api::data<T>(x), api::data<T>(b), api::data<T>(out), shape, spatial_scale,
+                             parallel_for);
+  });
+  return out;
+}
+
+Tensor rotated_feature_align_backward_cpu(const Tensor& grad_output, const Tensor& best_rboxes, double spatial_scale,
+                                          int64_t points) {
+  constexpr const char* kOp = "opbridge::rotated_feature_align_backward";
+  const auto shape = checked(kOp, "grad_output", grad_output, best_rboxes, spatial_scale, points);
+  auto grad = api::empty(api::sizes(grad_output), grad_output.scalar_type());
+  if (grad.numel() == 0) return grad;
+  const auto g = api::contiguous(grad_output), b = api::contiguous(best_rboxes);
+  api::dispatch_floating(grad_output.scalar_type(), kOp, [&](auto tag) {
+    using T = decltype(tag);
+    k::rotated_feature_align_backward(api::data<T>(g), api::data<T>(b), api::data<T>(grad), shape, spatial_scale,
+                                      parallel_for);
+  });
+  return grad;
+}
+
+}  // namespace
+
+OPBRIDGE_LIBRARY_IMPL_CPU(m) {
+  OPBRIDGE_IMPL(m, "rotated_feature_align", rotated_feature_align_cpu);
+  OPBRIDGE_IMPL(m, "rotated_feature_align_backward", rotated_feature_align_backward_cpu);
+}
+
+}  // namespace opbridge
