@@ -222,8 +222,8 @@ def _sample_inputs(dtype: torch.dtype, operands: str, batch: int) -> tuple[Tenso
     """Boxes that overlap in every way: identical pairs, a box inside another, touching edges, a zero-size box,
     boxes far apart, arbitrary angles."""
     generator = torch.Generator().manual_seed(batch)
-    rows = 3 * batch
-    cols = rows if _KINDS[operands][1] else 2 * batch + 1
+    # One size for both box counts: the parity matrix gives every dimension that varies with the batch one name.
+    rows = cols = 3 * batch
     b1 = torch.cat([torch.rand(rows, 2, generator=generator, dtype=torch.float64) * 8,
                     torch.rand(rows, 2, generator=generator, dtype=torch.float64) * 5 + 0.5,
                     (torch.rand(rows, 1, generator=generator, dtype=torch.float64) - 0.5) * 2 * math.pi], 1)  # fmt: skip
@@ -233,7 +233,7 @@ def _sample_inputs(dtype: torch.dtype, operands: str, batch: int) -> tuple[Tenso
     b2[0] = b1[0]  # identical
     b2[1] = torch.tensor([b1[1, 0], b1[1, 1], b1[1, 2] * 0.5, b1[1, 3] * 0.5, b1[1, 4]])  # inside, same angle
     b1[2] = torch.tensor([1.0, 1.0, 2.0, 2.0, 0.0])
-    b2[2 % cols] = torch.tensor([3.0, 1.0, 2.0, 2.0, 0.0])  # touching along an edge
+    b2[2] = torch.tensor([3.0, 1.0, 2.0, 2.0, 0.0])  # touching along an edge
     b1[-1, 2] = 0.0  # zero width
     return b1.to(dtype), b2.to(dtype)
 
