@@ -505,5 +505,5 @@ def runtime(session: nox.Session) -> None:
 @nox.session(default=False, tags=["matrix"], venv_backend="none")
 def report(session: nox.Session) -> None:
     """docs/compatibility.md from the matrix's JSON reports; fails on any unexpected failure."""
-    session.run(sys.executable, str(ROOT / "python" / "opbridge" / "compatibility.py"), str(MATRIX_REPORTS),
+    session.run(sys.executable, str(ROOT / "python" / "opbridge" / "tools" / "compatibility.py"), str(MATRIX_REPORTS),
                 str(ROOT / "docs" / "compatibility.md"))  # fmt: skip

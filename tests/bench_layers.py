@@ -28,16 +28,16 @@ def child(threads: list[int], warmup: int, repeat: int) -> dict[str, float]:
     import torch
 
     import opbridge
-    from opbridge import bench
+    from opbridge.tools.bench import deform_conv2d, ms_deform_attn, my_add, time_call
 
     opbridge._load()
     results: dict[str, float] = {}
     cases = []
     generator = torch.Generator().manual_seed(0)
-    for name, numel in bench.MY_ADD_SIZES.items():
+    for name, numel in my_add.SIZES.items():
         a, b = torch.randn(numel, generator=generator), torch.randn(numel, generator=generator)
         cases.append((f"my_add {name}", lambda a=a, b=b: opbridge.my_add(a, b)))
-    for shape in bench.DEFORM_SHAPES[:3]:
+    for shape in deform_conv2d.SHAPES[:3]:
         x = torch.randn(shape.batch, shape.in_channels, shape.height, shape.width, generator=generator)
         offset = 2 * torch.randn(shape.batch, 18, shape.height, shape.width, generator=generator)
         mask = torch.rand(shape.batch, 9, shape.height, shape.width, generator=generator)
@@ -52,8 +52,8 @@ def child(threads: list[int], warmup: int, repeat: int) -> dict[str, float]:
                 lambda args=args, grad=grad: torch.ops.opbridge.deform_conv2d_backward(grad, *args),
             )
         )
-    for name, levels in bench.MSDA_CASES.items():
-        inputs = bench._msda_inputs(levels)
+    for name, levels in ms_deform_attn.CASES.items():
+        inputs = ms_deform_attn.encoder_inputs(levels)
         cases.append((f"ms_deform_attn {name}", lambda inputs=inputs: torch.ops.opbridge.ms_deform_attn(*inputs)))
         grad = torch.randn_like(torch.ops.opbridge.ms_deform_attn(*inputs))
         cases.append(
@@ -65,7 +65,7 @@ def child(threads: list[int], warmup: int, repeat: int) -> dict[str, float]:
     for count in threads:
         torch.set_num_threads(count)
         for name, call in cases:
-            results[f"{name} | {count}t"] = statistics.median(bench.time_call(call, warmup, repeat))
+            results[f"{name} | {count}t"] = statistics.median(time_call(call, warmup, repeat))
     return results
 
 
@@ -161,7 +161,7 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
 
     import torch
 
-    from opbridge.bench import cpu_name
+    from opbridge.tools.bench import cpu_name
 
     before = args.before_label if args.before_build else None
     columns = [("classic", "classic")] + ([("before", before)] if before else [])

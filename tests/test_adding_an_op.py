@@ -16,6 +16,8 @@ import opbridge_ort
 from opbridge import _slices, specs
 
 ROOT = Path(__file__).parent.parent
+FUZZ_CASES = ROOT / "tests" / "fuzz_cases"
+BENCH = ROOT / "python" / "opbridge" / "tools" / "bench"
 OP_MODULES = {module.__name__.rsplit(".", 1)[1]: module for module in _slices.op_modules()}
 SCHEMA = re.compile(r'OPBRIDGE_LIBRARY_FRAGMENT\(\w+\)\s*\{[^}]*?m\.def\(\s*"(\w+)\(', re.S)
 ORT_OP = re.compile(r"OPBRIDGE_ORT_OP\((\w+),\s*(\d+),")
@@ -104,6 +106,12 @@ def test_every_piece_of_an_op_exists(name):
 
 
 @pytest.mark.parametrize("name", sorted(OP_MODULES))
+def test_every_op_has_fuzz_targets_and_a_benchmark(name):
+    for path, what in ((FUZZ_CASES / f"{name}.py", "fuzz targets"), (BENCH / f"{name}.py", "benchmark")):
+        assert path.is_file(), f"{path.relative_to(ROOT)} is missing (the op's {what}): see docs/adding-an-op.md"
+
+
+@pytest.mark.parametrize("name", sorted(OP_MODULES))
 def test_every_op_has_a_fake_kernel(name):
     """torch.export and the dynamo exporter need one: a fake-tensor call must give the eager output's shape."""
     spec = _own_spec(name)
@@ -157,7 +165,8 @@ def test_no_shared_op_list_remains():
         ROOT / "cpp" / "ort" / "api.h", ROOT / "cpp" / "ort" / "register.cc", ROOT / "cpp" / "torch" / "module.cpp",
         ROOT / "python" / "opbridge" / "__init__.py", ROOT / "python" / "opbridge" / "nn.py",
         ROOT / "python" / "opbridge_ort" / "__init__.py", ROOT / "tests" / "ort_smoke.py",
-        ROOT / "cpp" / "tests" / "CMakeLists.txt",
+        ROOT / "cpp" / "tests" / "CMakeLists.txt", ROOT / "python" / "opbridge" / "_cli.py",
+        ROOT / "tests" / "fuzz.py", *FUZZ_CASES.glob("_*.py"), *BENCH.glob("_*.py"),
     ]  # fmt: skip
     for path in shared:
         text = path.read_text()

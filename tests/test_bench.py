@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from opbridge import bench
+from opbridge.tools import bench
+from opbridge.tools.bench import _framework, deform_conv2d, my_add
 
 
 @pytest.fixture
 def tiny(monkeypatch):
-    monkeypatch.setattr(bench, "MY_ADD_SIZES", {"1 Mi": 4096})
-    monkeypatch.setattr(bench, "DEFORM_SHAPES", [bench.DeformShape(2, 4, 6, 5, 7, offset_groups=2)])
+    monkeypatch.setattr(my_add, "SIZES", {"1 Mi": 4096})
+    monkeypatch.setattr(deform_conv2d, "SHAPES", [deform_conv2d.DeformShape(2, 4, 6, 5, 7, offset_groups=2)])
 
 
 def test_bench_runs_every_path_on_small_sizes(tiny, tmp_path):
@@ -38,11 +39,11 @@ def test_bench_runs_every_path_on_small_sizes(tiny, tmp_path):
 
 def test_outputs_are_checked_before_timing():
     want = np.arange(6, dtype=np.float32)
-    bench._check("same", want.copy(), want, 0, 0)
+    bench.check_close("same", want.copy(), want, 0, 0)
     with pytest.raises(AssertionError, match="differs from the baseline"):
-        bench._check("off by one", want + 1, want, 1e-6, 1e-6)
+        bench.check_close("off by one", want + 1, want, 1e-6, 1e-6)
     with pytest.raises(AssertionError, match="differs"):
-        bench._check("wrong shape", want[:3], want, 1e-6, 1e-6)
+        bench.check_close("wrong shape", want[:3], want, 1e-6, 1e-6)
 
 
 def row(op, case, threads, path, ms):
@@ -75,7 +76,7 @@ def test_ratios_and_targets():
 
 def test_framework_rows_and_parity_section(tmp_path):
     """The import and export timings run in fresh interpreters; the parity report's throughput is read back."""
-    rows = bench.framework_rows(repeat=1)
+    rows = _framework.framework_rows(repeat=1)
     paths = {(r.case, r.path) for r in rows if r.median_ms and r.median_ms > 0}
     assert paths == {
         ("import", "import_torch"),
@@ -83,7 +84,7 @@ def test_framework_rows_and_parity_section(tmp_path):
         ("dynamo export, one node", "export_cached"),
         ("dynamo export, one node", "export_uncached"),
     }
-    assert bench.import_added_ms(rows) is not None
+    assert _framework.import_added_ms(rows) is not None
     report = tmp_path / "parity.json"
     report.write_text('{"summary": "parity: 5 passed, 0 failed, 1 n/a as expected (6 cells, 20 export+run cases) '
                       'in 3 s, 2.00 cells/s; torch x, onnxruntime y"}')  # fmt: skip

@@ -3,7 +3,7 @@ under those wheels gave."""
 
 from __future__ import annotations
 
-from opbridge import compatibility
+from opbridge.tools import compatibility
 
 
 def _report(torch: str, wheel: str | None, tests: dict | None = None) -> dict:

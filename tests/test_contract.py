@@ -5,6 +5,7 @@ devices, and the command line answers --help on stdout, fast, and lists valid va
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
@@ -15,7 +16,8 @@ import torch
 
 import opbridge
 import opbridge_ort
-from opbridge import _cli, _slices, parity, specs
+from opbridge import _cli, _slices, specs
+from opbridge.tools import parity
 
 X = torch.randn(1, 4, 5, 5)
 
@@ -278,6 +280,17 @@ def test_cli_constants_match_the_code():
     assert _cli.LOWERING_KINDS == specs.LOWERING_KINDS and _cli.EXPORTERS == parity.EXPORTERS
 
 
+def test_tools_keep_their_old_names():
+    """`from opbridge import parity` (the tools' home before opbridge.tools) still works; `import opbridge` imports
+    no tool."""
+    code = "import sys, opbridge; print(sorted(m for m in sys.modules if m.startswith('opbridge.tools')))"
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0 and probe.stdout.strip() == "[]", probe.stdout + probe.stderr[-2000:]
+    from opbridge import parity as old_home
+
+    assert old_home is parity and opbridge.catalog is importlib.import_module("opbridge.tools.catalog")
+
+
 def _cli_run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=120)
 
@@ -304,6 +317,7 @@ def test_cli_help_on_stdout(command):
 
 
 @pytest.mark.parametrize("command", [("opbridge", "--help"), ("opbridge", "parity", "--help"),
+                                     ("opbridge", "bench", "--help"),  # finds the op benchmarks: must not import them
                                      ("opbridge_ort", "inspect", "--help")], ids=" ".join)  # fmt: skip
 def test_cli_help_does_not_import_torch(command):
     probe = subprocess.run([sys.executable, "-X", "importtime", "-m", *command], capture_output=True, text=True,

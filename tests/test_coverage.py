@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("expecttest", reason="torch's op database (torch.testing._internal) needs expecttest")
 
-from opbridge import coverage
+from opbridge.tools import coverage
 
 # What opbridge's rules cannot do, by design or because ONNX / ORT cannot (each says why); any other case of a
 # mapped op that is not ok with opbridge fails the guard.

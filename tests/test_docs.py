@@ -42,7 +42,7 @@ def test_doc_examples_run(path, tmp_path, monkeypatch):
 
 def test_ops_table_is_current():
     """docs/ops.md is generated from the registered op modules and mappings: a new op cannot be missing."""
-    from opbridge import catalog
+    from opbridge.tools import catalog
 
     assert catalog.main(["--check", str(ROOT / "docs" / "ops.md")]) == 0, (
         "docs/ops.md is stale: run python -m opbridge ops --markdown docs/ops.md"

@@ -10,7 +10,7 @@ import torch
 
 import opbridge
 import opbridge_ort
-from opbridge import parity
+from opbridge.tools import parity
 
 # A spread of opsets: the legacy exporter's bounds and the common ones, and the
 # dynamo exporter's first and last. `nox -s parity` runs every opset.

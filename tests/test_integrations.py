@@ -1,7 +1,7 @@
 """opbridge.patch_model on transformers' own models: every family with multi-scale deformable attention, found by
 scanning transformers' sources, computes what the library's own forward computes (float64), trains (the same
 gradients). The op's export through both exporters and every lowering is the parity matrix's (its shape-reading
-call path); whole-model exports are the model sweep's (opbridge.models, tests/test_models.py)."""
+call path); whole-model exports are the model sweep's (opbridge.tools.models, tests/test_models.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import opbridge
-from opbridge import models
 from opbridge.ops import ms_deform_attn as msda_module
+from opbridge.tools import models
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (the test extra has it)")
 
@@ -33,7 +33,7 @@ def test_every_hooked_family_is_served():
     assert len(hooked) >= 10, f"the scan found only {sorted(hooked)}: has transformers moved the hook?"
     covered = {_family(name) for name in models.TRANSFORMERS_MSDA}
     missing = sorted(hooked - covered)
-    assert not missing, f"transformers families with the MSDA hook missing from opbridge.models: {missing}"
+    assert not missing, f"transformers families with the MSDA hook missing from opbridge.tools.models: {missing}"
 
 
 def _build(model_class: str, dtype=torch.float64, **overrides):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from opbridge import models
+from opbridge.tools import models
 
 pytest.importorskip("transformers", reason="transformers is not installed (the test extra has it)")
 pytest.importorskip("torchvision", reason="torchvision is not installed")

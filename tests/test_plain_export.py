@@ -18,8 +18,9 @@ import torch
 
 import opbridge
 import opbridge_ort
-from opbridge import parity, specs
+from opbridge import specs
 from opbridge.onnx import _torch_hooks
+from opbridge.tools import parity
 
 SPECS = [s for s in specs.all_specs() if s.call_paths and s.is_available()]
 

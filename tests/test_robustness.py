@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -143,28 +144,44 @@ def test_short_fuzz_pass(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads(report.read_text())["results"]
     import fuzz
-    import opbridge_ort
 
     assert {r["target"] for r in results} == set(fuzz.ORT_TARGETS + fuzz.TORCH_TARGETS)
-    # Every op of the ORT library has a fuzz target.
-    assert {t.split(".")[1] for t in fuzz.ORT_TARGETS} == set(opbridge_ort.ops())
     for r in results:
         # Both outcomes occur: the generator reaches valid configurations and hostile ones.
         assert r["counts"].get("match", 0) > 30 and r["counts"].get("rejected", 0) > 30, r
+
+
+def test_every_op_has_fuzz_targets():
+    """Each op of torch.ops.opbridge and of the ORT library is fuzzed: tests/fuzz_cases/<op>.py declares both."""
+    import fuzz
+    from opbridge import _slices, specs
+
+    fuzzed_ops = {target.split(".", 1)[1] for target in fuzz.TORCH_TARGETS}
+    for module in _slices.op_modules():
+        name = module.__name__.rsplit(".", 1)[1]
+        assert name in fuzzed_ops, (
+            f"opbridge::{name} has no fuzz targets: add tests/fuzz_cases/{name}.py (see docs/adding-an-op.md)"
+        )
+    fuzzed_nodes = {target.split(".", 1)[1] for target in fuzz.ORT_TARGETS}
+    owners = {s.custom_node.op_type: s.torch_op.split("::")[1] for s in specs.all_specs() if s.custom_node}
+    for op_type in opbridge_ort.ops():
+        owner = owners.get(op_type) or re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", op_type).lower()
+        assert op_type in fuzzed_nodes, (
+            f"the ORT op opbridge::{op_type} has no fuzz target: set ORT_NODE = {op_type!r} in "
+            f"tests/fuzz_cases/{owner}.py (see docs/adding-an-op.md)"
+        )
 
 
 def test_fuzz_detects_a_crash(tmp_path):
     """The driver must notice a worker that dies (here: a target that segfaults on purpose)."""
     script = tmp_path / "crashing_fuzz.py"
     source = (TESTS / "fuzz.py").read_text()
-    source = source.replace(
-        "def run_case(targets, target: str, seed: int, case: int):",
-        "def run_case(targets, target: str, seed: int, case: int):\n"
-        "    if case == 3:\n"
-        "        import ctypes; ctypes.string_at(0)\n",
-    )
+    signature = "def run_case(target: str, seed: int, case: int, library: str | None):"
+    assert signature in source
+    source = source.replace(signature, f"{signature}\n    if case == 3:\n        import ctypes; ctypes.string_at(0)\n")
     script.write_text(source)
-    shutil.copytree(TESTS / "ort_cases", tmp_path / "ort_cases")  # the numpy reference the fuzzer imports
+    for cases in ("fuzz_cases", "ort_cases"):  # the targets and the numpy references the fuzzer imports
+        shutil.copytree(TESTS / cases, tmp_path / cases)
     report = tmp_path / "fuzz.json"
     result = subprocess.run(
         [sys.executable, str(script), "--cases", "6", "--targets", "ort.MyAdd", "--json", str(report)],

@@ -74,7 +74,16 @@ def _is_submodule(name: str) -> bool:
     return any(module.name == name for module in pkgutil.iter_modules(__path__))
 
 
+#: The tools' homes before ``opbridge.tools``: ``opbridge.parity`` is ``opbridge.tools.parity``, imported on first use.
+_TOOLS = ("bench", "catalog", "compatibility", "coverage", "models", "parity")
+
+
 def __getattr__(name: str):
+    if name in _TOOLS:
+        import importlib
+
+        module = globals()[name] = importlib.import_module(f"{__name__}.tools.{name}")
+        return module
     # Under opbridge's own command line the load is deferred: the first attribute a command uses loads it.
     # Not a submodule's name: `from opbridge import specs` probes the attribute before importing the submodule,
     # and a load started by that probe, in the middle of importing an op's module, would miss that op's names.

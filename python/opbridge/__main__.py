@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib
 import sys
 
-MODULES = {"parity": "opbridge.parity", "inspect": "opbridge_ort.inspect", "bench": "opbridge.bench",
-           "ops": "opbridge.catalog", "coverage": "opbridge.coverage",
-           "models": "opbridge.models"}  # fmt: skip
+MODULES = {"parity": "opbridge.tools.parity", "inspect": "opbridge_ort.inspect", "bench": "opbridge.tools.bench",
+           "ops": "opbridge.tools.catalog", "coverage": "opbridge.tools.coverage",
+           "models": "opbridge.tools.models"}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,13 +4,16 @@ in a fraction of a second, and a bad argument is reported before anything heavy 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import pkgutil
 from pathlib import Path
 
-#: Kept equal to opbridge.specs.LOWERING_KINDS and opbridge.parity.EXPORTERS (tests/test_contract.py checks).
+#: Kept equal to opbridge.specs.LOWERING_KINDS and opbridge.tools.parity.EXPORTERS (tests/test_contract.py checks).
 LOWERING_KINDS = ("standard", "custom", "function")
 EXPORTERS = ("legacy", "dynamo")
-BENCH_OPS = ("my_add", "deform_conv2d", "ms_deform_attn", "framework")
+#: The bench section that is not an op: import time and export caches (python/opbridge/tools/bench/_framework.py).
+BENCH_FRAMEWORK = "framework"
 
 COMMANDS = {
     "parity": "the parity matrix: ONNX Runtime vs PyTorch for every op, call path, exporter, lowering, opset, dtype",
@@ -52,12 +55,22 @@ def parity_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def bench_sections() -> list[str]:
+    """What ``bench --ops`` takes: every op's benchmark, python/opbridge/tools/bench/<op>.py (found without importing
+    it, which would import torch; names starting with an underscore are helpers), in name order, then
+    ``framework``."""
+    package = importlib.util.find_spec(f"{__package__}.tools.bench")
+    found = pkgutil.iter_modules(package.submodule_search_locations)
+    return [*sorted(info.name for info in found if not info.name.startswith("_")), BENCH_FRAMEWORK]
+
+
 def bench_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m opbridge bench", description=COMMANDS["bench"] + ".")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--ops", nargs="+", choices=BENCH_OPS, default=list(BENCH_OPS))
+    sections = bench_sections()
+    parser.add_argument("--ops", nargs="+", choices=sections, default=sections)
     parser.add_argument("--parity-report", type=Path, help="a `nox -s parity` JSON report, for its throughput")
     parser.add_argument("--triad-library", help="libopbridge_bench.so (the triad); built by `nox -s bench`")
     parser.add_argument("--json", type=Path, help="write rows and ratios here")

@@ -29,8 +29,11 @@ IntPair = Union[int, tuple[int, int], list[int]]  # noqa: UP007  (TorchScript re
 
 
 def _size(value: IntPair) -> list[int]:
+    """An int or a pair as a list of two (TorchScript-compatible: each refined type spelled out)."""
     if isinstance(value, int):
         return [value, value]
+    if isinstance(value, list):
+        return [value[0], value[1]]
     return [value[0], value[1]]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from . import _slices, specs
+from .. import _slices, specs
 
 _TYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16"}
 
@@ -26,7 +26,7 @@ def _lowerings(spec: specs.OpSpec) -> str:
 def _python_names(spec: specs.OpSpec) -> str:
     if spec.namespace != "opbridge":
         return f"torch's own (`{spec.torch_op}`)"
-    from . import _C
+    from .. import _C
 
     name = spec.torch_op.split("::")[1]
     module = {m.__name__.rsplit(".", 1)[1]: m for m in _slices.op_modules()}.get(name)
@@ -70,7 +70,7 @@ def markdown() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ._cli import ops_parser
+    from .._cli import ops_parser
 
     args = ops_parser().parse_args(argv)
     import opbridge

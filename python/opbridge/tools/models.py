@@ -1110,7 +1110,7 @@ def markdown(results: Sequence[Result], environment: dict[str, str], seconds: fl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ._cli import models_parser
+    from .._cli import models_parser
 
     args = models_parser().parse_args(argv)
     if args.speed:

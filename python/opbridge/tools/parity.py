@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import specs
+from .. import specs
 
 EXPORTERS = ("legacy", "dynamo")
 #: static: exported and run at one batch size; dynamic: a dynamic batch, run at another; unknown (the
@@ -103,7 +103,7 @@ class CellResult:
 
 
 def matrix_opsets(exporter: str) -> range:
-    from .onnx import supported_opsets
+    from ..onnx import supported_opsets
 
     opsets = supported_opsets(exporter == "dynamo")
     if exporter == "legacy":
@@ -232,7 +232,7 @@ def _export(module: torch.nn.Module, inputs: tuple, cell: Cell, kwargs: dict):
     """The cell's model as a user exports it: plain torch.onnx.export under opbridge.onnx.lowering."""
     import onnx
 
-    from . import onnx as opbridge_onnx
+    from .. import onnx as opbridge_onnx
 
     if cell.exporter == "legacy" and cell.lowering == "function":
         return opbridge_onnx.export(module, inputs, None, opset_version=cell.opset, dynamo=False, lowering="function",
@@ -420,7 +420,7 @@ def to_json(results: Sequence[CellResult]) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ._cli import parity_parser
+    from .._cli import parity_parser
 
     parser = parity_parser()
     args = parser.parse_args(argv)

@@ -1,0 +1,237 @@
+"""deform_conv2d's benchmark (float32, 3x3, with mask).
+
+``ort_custom``  ORT ``opbridge::DeformConv2d``; ``ort_standard``: ORT's ``DeformConv``
+                (ORT >= 1.25); ``ort_decomposition``: opbridge's standard-ops lowering (opset 18, dynamic
+                batch and image size); ``ort_dce_exporter``: the standard-ops model of the PyPI package
+                ``deform-conv2d-onnx-exporter`` 1.2.0 (opset 12, static shapes; installed by ``nox -s bench``),
+``gemm``        the GEMMs of the same sizes alone (OpenBLAS, its own threads),
+``torch_op``    ``opbridge.deform_conv2d``; ``torch_torchvision``: torchvision's CPU kernel,
+``torch_backward`` / ``torchvision_backward``  all five gradients through each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+import opbridge
+
+from . import Bench, Target, check_close, checked_run, ort_session
+
+TARGETS = [
+    Target("ort_custom", "ort_standard", 1.0),
+    Target("ort_custom", "ort_decomposition", None),
+    Target("ort_decomposition", "ort_dce_exporter", 1.5),
+    Target("ort_custom", "gemm", 0.5),
+    Target("torch_op", "torch_torchvision", 3.0),
+    Target("torch_backward", "torchvision_backward", 3.0),
+]
+_NO_TORCHVISION = "n/a: torchvision's compiled ops do not load with this torch"
+
+
+@dataclass
+class DeformShape:
+    batch: int
+    in_channels: int
+    out_channels: int
+    height: int
+    width: int
+    offset_groups: int = 1
+
+    @property
+    def name(self) -> str:
+        groups = f" og{self.offset_groups}" if self.offset_groups > 1 else ""
+        return f"N{self.batch} C{self.in_channels}->{self.out_channels} {self.height}x{self.width}{groups}"
+
+
+SHAPES = [
+    DeformShape(1, 64, 64, 128, 128),
+    DeformShape(1, 256, 256, 50, 84),
+    DeformShape(4, 128, 128, 32, 32),
+    DeformShape(1, 256, 256, 50, 84, offset_groups=4),
+]
+
+
+def run(bench: Bench) -> None:
+    torchvision_op = _torchvision_deform_conv2d()
+    blas = _OpenBLAS.load()
+    for shape in SHAPES:
+        _case(bench, shape, torchvision_op, blas)
+
+
+def _case(bench: Bench, shape: DeformShape, torchvision_op, blas: _OpenBLAS | None) -> None:
+    torch.manual_seed(0)
+    module = opbridge.nn.DeformConv2d(shape.in_channels, shape.out_channels, 3, padding=1).eval()
+    x = torch.randn(shape.batch, shape.in_channels, shape.height, shape.width)
+    taps = 9 * shape.offset_groups
+    offset = 2 * torch.randn(shape.batch, 2 * taps, shape.height, shape.width)
+    mask = torch.rand(shape.batch, taps, shape.height, shape.width)
+    args = (x, offset, mask)
+    with torch.no_grad():
+        want = module(*args).numpy()
+    inputs = {"input": x.numpy(), "offset": offset.numpy(), "mask": mask.numpy()}
+    models = {
+        "ort_custom": _export(module, args, 19, "custom"),
+        "ort_standard": _export(module, args, 19, "standard"),
+        "ort_decomposition": _export(module, args, 18, "standard", dynamic=True),
+        "ort_dce_exporter": _dce_exporter_model(module, args, torchvision_op),
+    }
+    weight, bias = module.weight.detach(), module.bias.detach()
+
+    def torch_op():
+        with torch.no_grad():
+            return module(*args)
+
+    def torch_torchvision():
+        return torchvision_op(x, offset, weight, bias, padding=(1, 1), mask=mask)
+
+    record = partial(bench.record, "deform_conv2d", shape.name)
+    for threads in bench.threads:
+        torch.set_num_threads(threads)
+        for path, model in models.items():
+            if isinstance(model, str):  # why there is no model
+                record(threads, path, None, model)
+                continue
+            try:
+                session = ort_session(model, threads, path == "ort_custom")
+            except Exception as error:  # ORT <= 1.24 has no DeformConv kernel
+                record(threads, path, None, f"n/a: {str(error).splitlines()[0][:80]}")
+                continue
+            record(threads, path, checked_run(path, session, inputs, want, 1e-4, 1e-4))
+        if blas is not None:
+            record(threads, "gemm", blas.gemm_call(shape, threads), "OpenBLAS sgemm, same sizes")
+        else:
+            record(threads, "gemm", None, "n/a: no scipy-openblas32")
+        check_close("torch_op", torch_op().numpy(), want, 1e-4, 1e-4)
+        record(threads, "torch_op", torch_op)
+        if torchvision_op is None:
+            record(threads, "torch_torchvision", None, _NO_TORCHVISION)
+        else:
+            check_close("torch_torchvision", torch_torchvision().numpy(), want, 1e-4, 1e-4)
+            record(threads, "torch_torchvision", torch_torchvision)
+        _backward(record, threads, torchvision_op, (x, offset, weight, bias, mask))
+
+
+def _backward(record, threads: int, torchvision_op, tensors) -> None:
+    """All five gradients (input, offset, weight, bias, mask), opbridge's backward vs torchvision's."""
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    x, offset, weight, bias, mask = leaves
+
+    def backward_of(op):
+        out = op(x, offset, weight, bias, (1, 1), (1, 1), (1, 1), mask)
+        grad_out = torch.ones_like(out)
+        return lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
+
+    ours = backward_of(opbridge.deform_conv2d)
+    if torchvision_op is None:
+        record(threads, "torch_backward", ours)
+        record(threads, "torchvision_backward", None, _NO_TORCHVISION)
+        return
+    theirs = backward_of(torchvision_op)
+    for name, got, want in zip(("input", "offset", "weight", "bias", "mask"), ours(), theirs(), strict=True):
+        check_close(f"torch_backward {name}", got.numpy(), want.numpy(), 1e-3, 1e-3)
+    record(threads, "torch_backward", ours)
+    record(threads, "torchvision_backward", theirs)
+
+
+def _export(module: torch.nn.Module, args: tuple, opset: int, lowering: str, dynamic: bool = False) -> onnx.ModelProto:
+    names = ["input", "offset", "mask"]
+    axes = {name: {0: "batch", 2: f"{name}_height", 3: f"{name}_width"} for name in names} if dynamic else None
+    with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        return opbridge.onnx.export(
+            module, args, opset_version=opset, dynamo=False, lowering=lowering,
+            input_names=names, output_names=["output"], dynamic_axes=axes,
+        )  # fmt: skip
+
+
+def _dce_exporter_model(module: torch.nn.Module, args: tuple, torchvision_op) -> onnx.ModelProto | str:
+    """The baseline decomposition of ``deform-conv2d-onnx-exporter`` 1.2.0 (its opset 12, static shapes), or why
+    there is none. It exports torchvision's op through a legacy-exporter symbolic; on torch >= 2.14 it needs
+    ``JitScalarType`` from its new home."""
+    if torchvision_op is None:
+        return _NO_TORCHVISION
+    try:
+        import deform_conv2d_onnx_exporter as dce
+    except ImportError:
+        return "n/a: pip install deform-conv2d-onnx-exporter==1.2.0"
+    if dce.JitScalarType is None:  # torch >= 2.14 moved it
+        from torch.onnx._internal.torchscript_exporter import _type_utils
+
+        dce.JitScalarType = _type_utils.JitScalarType
+    dce.register_deform_conv2d_onnx_op()
+    weight, bias = module.weight.detach(), module.bias.detach()
+
+    class Torchvision(torch.nn.Module):
+        def forward(self, x, offset, mask):
+            return torchvision_op(x, offset, weight, bias, padding=(1, 1), mask=mask)
+
+    buffer = io.BytesIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Torchvision(), args, buffer, opset_version=12, dynamo=False,
+                              input_names=["input", "offset", "mask"], output_names=["output"])  # fmt: skip
+    finally:  # its symbolic (registered from opset 12 up) must not replace opbridge's in this process
+        torch.onnx.unregister_custom_op_symbolic("torchvision::deform_conv2d", 12)
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def _torchvision_deform_conv2d():
+    try:
+        import torchvision.ops
+
+        torch.ops.torchvision.deform_conv2d  # noqa: B018  (raises when the compiled ops do not load)
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    return torchvision.ops.deform_conv2d
+
+
+class _OpenBLAS:
+    """The GEMMs of a deform conv alone, through scipy-openblas32 (the ORT library's BLAS)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self.library = library
+        self.sgemm = library.scipy_cblas_sgemm
+        self.sgemm.restype = None
+        pointer, integer, real = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+        self.sgemm.argtypes = [integer] * 6 + [real, pointer, integer, pointer, integer, real, pointer, integer]
+
+    @classmethod
+    def load(cls) -> _OpenBLAS | None:
+        try:
+            import scipy_openblas32
+        except ImportError:
+            return None
+        lib_dir = Path(scipy_openblas32.get_lib_dir())
+        return cls(ctypes.CDLL(str(lib_dir / scipy_openblas32.get_library(fullname=True))))
+
+    def gemm_call(self, shape: DeformShape, threads: int) -> Callable[[], None]:
+        m, k, n = shape.out_channels, shape.in_channels * 9, shape.height * shape.width
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        c = np.empty((m, n), dtype=np.float32)
+
+        def run() -> None:
+            # OpenBLAS's own threads for the baseline; back to 1 after, which is what the ORT library sets
+            # (the process shares this OpenBLAS with it).
+            self.library.scipy_openblas_set_num_threads(threads)
+            try:
+                for _ in range(shape.batch):
+                    self.sgemm(101, 111, 111, m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, n, 0.0, c.ctypes.data, n)
+            finally:
+                self.library.scipy_openblas_set_num_threads(1)
+
+        run()
+        check_close("gemm", c, a @ b, 1e-3, 1e-3)
+        return run
