@@ -23,7 +23,23 @@ def export(model, args, names, dynamic: dict, opset: int, dynamo: bool, lowering
                 or None
                 for n in names
             )
-            return opbridge.onnx.export(model, args, None, opset_version=opset, dynamo=True, lowering=lowering,
-                                        input_names=list(names), dynamic_shapes=shapes)  # fmt: skip
-        return opbridge.onnx.export(model, args, None, opset_version=opset, dynamo=False, lowering=lowering,
-                                    input_names=list(names), dynamic_axes=dynamic)  # fmt: skip
+            return opbridge.onnx.export(
+                model,
+                args,
+                None,
+                opset_version=opset,
+                dynamo=True,
+                lowering=lowering,
+                input_names=list(names),
+                dynamic_shapes=shapes,
+            )
+        return opbridge.onnx.export(
+            model,
+            args,
+            None,
+            opset_version=opset,
+            dynamo=False,
+            lowering=lowering,
+            input_names=list(names),
+            dynamic_axes=dynamic,
+        )

@@ -30,14 +30,20 @@ def test_published_values(dtype, mode, table):
     torch.testing.assert_close(opbridge.box_iou_rotated(b1, b2, mode), expected, atol=1e-4, rtol=0)
     torch.testing.assert_close(opbridge.box_iou_rotated(b1, b2, mode, aligned=True), expected.diag(), atol=1e-4, rtol=0)
     flip = torch.tensor([1, 1, 1, 1, -1], dtype=dtype)
-    torch.testing.assert_close(opbridge.box_iou_rotated(b1 * flip, b2 * flip, mode, clockwise=False), expected,
-                               atol=1e-4, rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        opbridge.box_iou_rotated(b1 * flip, b2 * flip, mode, clockwise=False), expected, atol=1e-4, rtol=0
+    )
 
 
 def _random_boxes(generator, count, spread=10.0):
-    return torch.cat([torch.rand(count, 2, generator=generator, dtype=torch.float64) * spread,
-                      torch.rand(count, 2, generator=generator, dtype=torch.float64) * 6 + 0.1,
-                      (torch.rand(count, 1, generator=generator, dtype=torch.float64) - 0.5) * 4 * math.pi], 1)  # fmt: skip
+    return torch.cat(
+        [
+            torch.rand(count, 2, generator=generator, dtype=torch.float64) * spread,
+            torch.rand(count, 2, generator=generator, dtype=torch.float64) * 6 + 0.1,
+            (torch.rand(count, 1, generator=generator, dtype=torch.float64) - 0.5) * 4 * math.pi,
+        ],
+        1,
+    )
 
 
 @pytest.mark.parametrize("mode", ["iou", "iof"])
@@ -45,7 +51,9 @@ def _random_boxes(generator, count, spread=10.0):
 def test_matches_polygon_clipping(generator, mode, clockwise):
     b1, b2 = _random_boxes(generator, 40), _random_boxes(generator, 30)
     got = opbridge.box_iou_rotated(b1, b2, mode, clockwise=clockwise)
-    want = torch.tensor([[overlap(x, y, mode, clockwise) for y in b2.tolist()] for x in b1.tolist()], dtype=torch.float64)
+    want = torch.tensor(
+        [[overlap(x, y, mode, clockwise) for y in b2.tolist()] for x in b1.tolist()], dtype=torch.float64
+    )
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
     assert (want > 0).float().mean() > 0.2  # the boxes do overlap: the test exercises the geometry
 
@@ -105,8 +113,7 @@ class _Pairwise(torch.nn.Module):
 def test_export_with_changing_box_counts(generator, lowering, dynamo, opset, mode, clockwise):
     model = _Pairwise(mode, clockwise=clockwise)
     args = (_random_boxes(generator, 6).float(), _random_boxes(generator, 5).float())
-    proto = export(model, args, ("boxes1", "boxes2"), {"boxes1": {0: "n"}, "boxes2": {0: "m"}}, opset, dynamo,
-                   lowering)  # fmt: skip
+    proto = export(model, args, ("boxes1", "boxes2"), {"boxes1": {0: "n"}, "boxes2": {0: "m"}}, opset, dynamo, lowering)
     ops = {(n.domain, n.op_type) for n in proto.graph.node}
     assert (("opbridge", "BoxIouRotated") in ops) == (lowering == "custom")
     session = opbridge_ort.InferenceSession(proto)
@@ -116,8 +123,15 @@ def test_export_with_changing_box_counts(generator, lowering, dynamo, opset, mod
         (got,) = session.run(None, {"boxes1": a.numpy(), "boxes2": b.numpy()})
         np.testing.assert_allclose(got, model(a, b).numpy(), atol=2e-5)
     aligned = _Pairwise(mode, aligned=True, clockwise=clockwise)
-    proto = export(aligned, (args[0], args[0].flip(0)), ("boxes1", "boxes2"), {"boxes1": {0: "n"}, "boxes2": {0: "n"}},
-                   opset, dynamo, lowering)  # fmt: skip
+    proto = export(
+        aligned,
+        (args[0], args[0].flip(0)),
+        ("boxes1", "boxes2"),
+        {"boxes1": {0: "n"}, "boxes2": {0: "n"}},
+        opset,
+        dynamo,
+        lowering,
+    )
     a, b = _random_boxes(generator, 7).float(), _random_boxes(generator, 7).float()
     (got,) = opbridge_ort.InferenceSession(proto).run(None, {"boxes1": a.numpy(), "boxes2": b.numpy()})
     np.testing.assert_allclose(got, aligned(a, b).numpy(), atol=2e-5)

@@ -16,8 +16,14 @@ from opbridge.ops.nms_rotated import reference
 from rotated_helpers import export
 
 # mmcv tests/test_ops/test_nms_rotated.py: (cx, cy, w, h, angle, score)
-BOXES = torch.tensor([[6.0, 3.0, 8.0, 7.0, 0.5, 0.7], [3.0, 6.0, 9.0, 11.0, 0.6, 0.8],
-                      [3.0, 7.0, 10.0, 12.0, 0.3, 0.5], [1.0, 4.0, 13.0, 7.0, 0.6, 0.9]])  # fmt: skip
+BOXES = torch.tensor(
+    [
+        [6.0, 3.0, 8.0, 7.0, 0.5, 0.7],
+        [3.0, 6.0, 9.0, 11.0, 0.6, 0.8],
+        [3.0, 7.0, 10.0, 12.0, 0.3, 0.5],
+        [1.0, 4.0, 13.0, 7.0, 0.6, 0.9],
+    ]
+)
 LABELS = torch.tensor([1, 0, 1, 0])
 
 
@@ -40,9 +46,14 @@ def test_published_values(dtype):
 def _clusters(generator, count, dtype=torch.float64):
     centers = torch.rand(max(count // 5, 1), 2, generator=generator, dtype=torch.float64) * 30
     member = torch.arange(count) % centers.shape[0]
-    boxes = torch.cat([centers[member] + torch.randn(count, 2, generator=generator, dtype=torch.float64),
-                       torch.rand(count, 2, generator=generator, dtype=torch.float64) * 5 + 1,
-                       (torch.rand(count, 1, generator=generator, dtype=torch.float64) - 0.5) * math.pi], 1)  # fmt: skip
+    boxes = torch.cat(
+        [
+            centers[member] + torch.randn(count, 2, generator=generator, dtype=torch.float64),
+            torch.rand(count, 2, generator=generator, dtype=torch.float64) * 5 + 1,
+            (torch.rand(count, 1, generator=generator, dtype=torch.float64) - 0.5) * math.pi,
+        ],
+        1,
+    )
     scores = torch.rand(count, generator=generator, dtype=torch.float64).round(decimals=1)  # many ties
     return boxes.to(dtype), scores.to(dtype)
 
@@ -119,8 +130,15 @@ def test_custom_node_with_changing_box_counts(generator, dynamo, opset, labels):
 
 def test_standard_lowering_is_refused_with_a_way_out():
     with pytest.raises(Exception, match="custom"):
-        export(_Head(), _clusters(torch.Generator().manual_seed(0), 5, torch.float32), ("boxes", "scores"), {}, 17,
-               False, "standard")  # fmt: skip
+        export(
+            _Head(),
+            _clusters(torch.Generator().manual_seed(0), 5, torch.float32),
+            ("boxes", "scores"),
+            {},
+            17,
+            False,
+            "standard",
+        )
 
 
 CONTRACT_CASES = {

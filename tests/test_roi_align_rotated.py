@@ -16,18 +16,26 @@ from opbridge.ops.roi_align_rotated import reference
 from rotated_helpers import export
 
 MAP = [[1.0, 2.0, 5.0, 6.0], [3.0, 4.0, 7.0, 8.0], [9.0, 10.0, 13.0, 14.0], [11.0, 12.0, 15.0, 16.0]]
-GRAD4 = [[0.47265625, 0.42968750, 0.42968750, 0.04296875], [0.42968750, 0.39062500, 0.39062500, 0.03906250],
-         [0.42968750, 0.39062500, 0.39062500, 0.03906250], [0.04296875, 0.03906250, 0.03906250, 0.00390625]]  # fmt: skip
+GRAD4 = [
+    [0.47265625, 0.42968750, 0.42968750, 0.04296875],
+    [0.42968750, 0.39062500, 0.39062500, 0.03906250],
+    [0.42968750, 0.39062500, 0.39062500, 0.03906250],
+    [0.04296875, 0.03906250, 0.03906250, 0.00390625],
+]
 GRAD2 = [[3.0625, 0.4375], [0.4375, 0.0625]]
 # mmcv tests/test_ops/test_roi_align_rotated.py: (input, rois, output, input gradient)
 PUBLISHED = [
     ([[[[1.0, 2.0], [3.0, 4.0]]]], [[0.0, 0.5, 0.5, 1.0, 1.0, 0]], [[[[1.0, 1.25], [1.5, 1.75]]]], [[GRAD2]]),
     ([[[[1.0, 2.0], [3.0, 4.0]]]], [[0.0, 0.5, 0.5, 1.0, 1.0, math.pi / 2]], [[[[1.5, 1], [1.75, 1.25]]]], [[GRAD2]]),
-    ([[[[1.0, 2.0], [3.0, 4.0]], [[4.0, 3.0], [2.0, 1.0]]]], [[0.0, 0.5, 0.5, 1.0, 1.0, 0]],
-     [[[[1.0, 1.25], [1.5, 1.75]], [[4.0, 3.75], [3.5, 3.25]]]], [[GRAD2, GRAD2]]),
+    (
+        [[[[1.0, 2.0], [3.0, 4.0]], [[4.0, 3.0], [2.0, 1.0]]]],
+        [[0.0, 0.5, 0.5, 1.0, 1.0, 0]],
+        [[[[1.0, 1.25], [1.5, 1.75]], [[4.0, 3.75], [3.5, 3.25]]]],
+        [[GRAD2, GRAD2]],
+    ),
     ([[MAP]], [[0.0, 1.5, 1.5, 3.0, 3.0, 0]], [[[[1.9375, 4.75], [7.5625, 10.375]]]], [[GRAD4]]),
     ([[MAP]], [[0.0, 1.5, 1.5, 3.0, 3.0, math.pi / 2]], [[[[7.5625, 1.9375], [10.375, 4.75]]]], [[GRAD4]]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
@@ -42,11 +50,16 @@ def test_published_values_and_gradients(dtype, case):
 
 
 def _rois(generator, count, batch, height, width, dtype=torch.float64):
-    return torch.cat([torch.randint(0, batch, (count, 1), generator=generator).to(torch.float64),
-                      torch.rand(count, 1, generator=generator, dtype=torch.float64) * (width + 4) - 2,
-                      torch.rand(count, 1, generator=generator, dtype=torch.float64) * (height + 4) - 2,
-                      torch.rand(count, 2, generator=generator, dtype=torch.float64) * 12 + 0.2,
-                      (torch.rand(count, 1, generator=generator, dtype=torch.float64) - 0.5) * 4 * math.pi], 1).to(dtype)  # fmt: skip
+    return torch.cat(
+        [
+            torch.randint(0, batch, (count, 1), generator=generator).to(torch.float64),
+            torch.rand(count, 1, generator=generator, dtype=torch.float64) * (width + 4) - 2,
+            torch.rand(count, 1, generator=generator, dtype=torch.float64) * (height + 4) - 2,
+            torch.rand(count, 2, generator=generator, dtype=torch.float64) * 12 + 0.2,
+            (torch.rand(count, 1, generator=generator, dtype=torch.float64) - 0.5) * 4 * math.pi,
+        ],
+        1,
+    ).to(dtype)
 
 
 @pytest.mark.parametrize(("ratio", "aligned"), [(2, True), (0, True), (0, False), (3, False)])
@@ -60,15 +73,24 @@ def test_angle_zero_is_torchvision_roi_align(generator, ratio, aligned):
     rois = _rois(generator, 9, 2, 24, 20)
     rois[:, 5] = 0
     rois[:, 3:5] += 2.0  # at least a feature pixel: torchvision's legacy mode widens smaller rois from a corner
-    boxes = torch.stack([rois[:, 0], rois[:, 1] - rois[:, 3] / 2, rois[:, 2] - rois[:, 4] / 2,
-                         rois[:, 1] + rois[:, 3] / 2, rois[:, 2] + rois[:, 4] / 2], 1)  # fmt: skip
+    boxes = torch.stack(
+        [
+            rois[:, 0],
+            rois[:, 1] - rois[:, 3] / 2,
+            rois[:, 2] - rois[:, 4] / 2,
+            rois[:, 1] + rois[:, 3] / 2,
+            rois[:, 2] + rois[:, 4] / 2,
+        ],
+        1,
+    )
     got = opbridge.roi_align_rotated(x, rois, (3, 4), 0.5, ratio, aligned)
     want = torchvision.ops.roi_align(x, boxes, (3, 4), 0.5, ratio, aligned)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
 
 
-@pytest.mark.parametrize("config", [((2, 3), 0.5, 0, True, False), ((3, 3), 1.0, 2, False, True),
-                                    (4, 0.25, 1, True, True)])  # fmt: skip
+@pytest.mark.parametrize(
+    "config", [((2, 3), 0.5, 0, True, False), ((3, 3), 1.0, 2, False, True), (4, 0.25, 1, True, True)]
+)
 def test_matches_reference_at_any_angle(generator, config):
     x = torch.randn(2, 3, 8, 9, generator=generator, dtype=torch.float64)
     rois = _rois(generator, 12, 2, 8 / config[1], 9 / config[1])
@@ -95,18 +117,27 @@ def test_detectron2_convention(generator):
 def _bilinear(plane, y, x):
     y0, x0 = math.floor(y), math.floor(x)
     ly, lx = y - y0, x - x0
-    return ((1 - ly) * (1 - lx) * plane[:, y0, x0] + (1 - ly) * lx * plane[:, y0, x0 + 1]
-            + ly * (1 - lx) * plane[:, y0 + 1, x0] + ly * lx * plane[:, y0 + 1, x0 + 1])  # fmt: skip
+    return (
+        (1 - ly) * (1 - lx) * plane[:, y0, x0]
+        + (1 - ly) * lx * plane[:, y0, x0 + 1]
+        + ly * (1 - lx) * plane[:, y0 + 1, x0]
+        + ly * lx * plane[:, y0 + 1, x0 + 1]
+    )
 
 
 def test_gradcheck_and_opcheck(generator):
     x = torch.randn(2, 2, 6, 5, generator=generator, dtype=torch.float64, requires_grad=True)
     rois = _rois(generator, 4, 2, 6, 5)
     for ratio, aligned, clockwise in ((2, True, False), (0, False, True)):
-        assert torch.autograd.gradcheck(lambda t: opbridge.roi_align_rotated(t, rois, (2, 3), 1.0, ratio, aligned,
-                                                                             clockwise), (x,))  # fmt: skip
-    for args in ((x.detach().float(), rois.float(), 2, 3, 0.5, 0, True, False),
-                 (x.detach(), rois, 3, 2, 1.0, 2, False, True)):  # fmt: skip
+
+        def op(t, ratio=ratio, aligned=aligned, clockwise=clockwise):
+            return opbridge.roi_align_rotated(t, rois, (2, 3), 1.0, ratio, aligned, clockwise)
+
+        assert torch.autograd.gradcheck(op, (x,))
+    for args in (
+        (x.detach().float(), rois.float(), 2, 3, 0.5, 0, True, False),
+        (x.detach(), rois, 3, 2, 1.0, 2, False, True),
+    ):
         torch.library.opcheck(torch.ops.opbridge.roi_align_rotated.default, args)
 
 
@@ -147,8 +178,9 @@ class _Layer(torch.nn.Module):
 def test_export_with_changing_roi_counts(generator, lowering, dynamo, opset, ratio):
     model = _Layer(ratio)
     args = (torch.randn(2, 3, 10, 12, generator=generator), _rois(generator, 5, 2, 20, 24, torch.float32))
-    proto = export(model, args, ("input", "rois"), {"input": {0: "n", 2: "h", 3: "w"}, "rois": {0: "k"}}, opset,
-                   dynamo, lowering)  # fmt: skip
+    proto = export(
+        model, args, ("input", "rois"), {"input": {0: "n", 2: "h", 3: "w"}, "rois": {0: "k"}}, opset, dynamo, lowering
+    )
     ops = {(n.domain, n.op_type) for n in proto.graph.node}
     assert (("opbridge", "RoiAlignRotated") in ops) == (lowering == "custom")
     session = opbridge_ort.InferenceSession(proto)

@@ -57,13 +57,25 @@ def check_empty_and_degenerate(library: str) -> None:
 
 def check_bad_input(library: str) -> None:
     sess = session(library, iou_model())
-    expect_error(lambda: sess.run(None, {"boxes1": np.ones((2, 4), np.float32), "boxes2": np.ones((2, 5), np.float32)}),
-                 "opbridge::BoxIouRotated", "input boxes1 (index 0)", "[boxes, 5]", "[2, 4]")  # fmt: skip
+    expect_error(
+        lambda: sess.run(None, {"boxes1": np.ones((2, 4), np.float32), "boxes2": np.ones((2, 5), np.float32)}),
+        "opbridge::BoxIouRotated",
+        "input boxes1 (index 0)",
+        "[boxes, 5]",
+        "[2, 4]",
+    )
     aligned = session(library, iou_model(aligned=1))
-    expect_error(lambda: aligned.run(None, {"boxes1": np.ones((2, 5), np.float32),
-                                            "boxes2": np.ones((3, 5), np.float32)}), "aligned", "2 and 3")  # fmt: skip
-    expect_error(lambda: session(library, iou_model(mode=2)).run(None, {"boxes1": np.ones((1, 5), np.float32),
-                 "boxes2": np.ones((1, 5), np.float32)}), "mode must be 0 (iou) or 1 (iof)")  # fmt: skip
+    expect_error(
+        lambda: aligned.run(None, {"boxes1": np.ones((2, 5), np.float32), "boxes2": np.ones((3, 5), np.float32)}),
+        "aligned",
+        "2 and 3",
+    )
+    expect_error(
+        lambda: session(library, iou_model(mode=2)).run(
+            None, {"boxes1": np.ones((1, 5), np.float32), "boxes2": np.ones((1, 5), np.float32)}
+        ),
+        "mode must be 0 (iou) or 1 (iof)",
+    )
     expect_error(lambda: session(library, iou_model(clockwise=3)), "attribute 'clockwise' must be 0 or 1")
     expect_error(lambda: session(library, iou_model(mode=0.5)), "attribute 'mode' must be an integer")
 

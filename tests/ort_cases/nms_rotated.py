@@ -10,8 +10,12 @@ from onnx import TensorProto, helper
 from ._common import DTYPES, expect_error, one_node_model, session
 
 # mmcv's tests/test_ops/test_nms_rotated.py: (cx, cy, w, h, angle, score), labels; kept [3, 1, 0] at IoU 0.5.
-BOXES = [[6.0, 3.0, 8.0, 7.0, 0.5, 0.7], [3.0, 6.0, 9.0, 11.0, 0.6, 0.8],
-         [3.0, 7.0, 10.0, 12.0, 0.3, 0.5], [1.0, 4.0, 13.0, 7.0, 0.6, 0.9]]  # fmt: skip
+BOXES = [
+    [6.0, 3.0, 8.0, 7.0, 0.5, 0.7],
+    [3.0, 6.0, 9.0, 11.0, 0.6, 0.8],
+    [3.0, 7.0, 10.0, 12.0, 0.3, 0.5],
+    [1.0, 4.0, 13.0, 7.0, 0.6, 0.9],
+]
 LABELS = [1, 0, 1, 0]
 
 
@@ -31,8 +35,10 @@ def mmdeploy_model(dtype=np.float32, **attributes) -> bytes:
     elem = DTYPES[dtype]
     return one_node_model(
         helper.make_node("NMSRotated", ["boxes", "scores"], ["keep_inds"], domain="mmdeploy", **attributes),
-        [helper.make_tensor_value_info("boxes", elem, ["b", "n", 5]),
-         helper.make_tensor_value_info("scores", elem, ["b", "c", "n"])],  # fmt: skip
+        [
+            helper.make_tensor_value_info("boxes", elem, ["b", "n", 5]),
+            helper.make_tensor_value_info("scores", elem, ["b", "c", "n"]),
+        ],
         [helper.make_tensor_value_info("keep_inds", TensorProto.INT64, None)],
         domains=("mmdeploy",),
     )
@@ -61,13 +67,34 @@ def check_published_values(library: str) -> None:
 def check_mmdeploy_node(library: str) -> None:
     """mmdeploy's tests/test_ops/test_ops.py::test_nms_rotated inputs; rows (batch, class, box)."""
     boxes = np.array([[[60, 75, 20, 50, 0], [65, 80, 10, 40, 0], [30, 30, 40, 40, 0]]] * 2, np.float32)
-    scores = np.array([[[0.5, 0.1, 0.1], [0.1, 0.6, 0.1], [0.1, 0.1, 0.7], [0.1, 0.1, 0.1]],
-                       [[0.1, 0.1, 0.1], [0.7, 0.1, 0.1], [0.1, 0.6, 0.1], [0.1, 0.1, 0.5]]], np.float32)  # fmt: skip
+    scores = np.array(
+        [
+            [[0.5, 0.1, 0.1], [0.1, 0.6, 0.1], [0.1, 0.1, 0.7], [0.1, 0.1, 0.1]],
+            [[0.1, 0.1, 0.1], [0.7, 0.1, 0.1], [0.1, 0.6, 0.1], [0.1, 0.1, 0.5]],
+        ],
+        np.float32,
+    )
     expected = {
-        0.0: [[0, 0, 0], [0, 0, 2], [0, 1, 1], [0, 1, 2], [0, 2, 2], [0, 2, 0], [0, 3, 0], [0, 3, 2],
-              [1, 0, 0], [1, 0, 2], [1, 1, 0], [1, 1, 2], [1, 2, 1], [1, 2, 2], [1, 3, 2], [1, 3, 0]],
+        0.0: [
+            [0, 0, 0],
+            [0, 0, 2],
+            [0, 1, 1],
+            [0, 1, 2],
+            [0, 2, 2],
+            [0, 2, 0],
+            [0, 3, 0],
+            [0, 3, 2],
+            [1, 0, 0],
+            [1, 0, 2],
+            [1, 1, 0],
+            [1, 1, 2],
+            [1, 2, 1],
+            [1, 2, 2],
+            [1, 3, 2],
+            [1, 3, 0],
+        ],
         0.1: [[0, 0, 0], [0, 1, 1], [0, 2, 2], [1, 1, 0], [1, 2, 1], [1, 3, 2]],
-    }  # fmt: skip
+    }
     for iou_threshold in (0.1, 0.3):
         for score_threshold, rows in expected.items():
             sess = session(library, mmdeploy_model(iou_threshold=iou_threshold, score_threshold=score_threshold), 2)
@@ -75,16 +102,26 @@ def check_mmdeploy_node(library: str) -> None:
             assert out.tolist() == rows, (iou_threshold, score_threshold, out.tolist())
     # IoU 0.4 between boxes 0 and 1: suppressed only above the threshold (> 0.3), not at 0.5.
     (out,) = session(library, mmdeploy_model(iou_threshold=0.5, score_threshold=0.0)).run(
-        None, {"boxes": boxes[:1], "scores": np.array([[[0.9, 0.8, 0.1]]], np.float32)})  # fmt: skip
+        None, {"boxes": boxes[:1], "scores": np.array([[[0.9, 0.8, 0.1]]], np.float32)}
+    )
     assert out.tolist() == [[0, 0, 0], [0, 0, 1], [0, 0, 2]], out.tolist()
-    expect_error(lambda: session(library, mmdeploy_model(iou_threshold=0.5, score_threshold=0.0)).run(
-        None, {"boxes": boxes, "scores": scores[:, :, :2]}), "mmdeploy::NMSRotated", "input scores (index 1)")  # fmt: skip
+    expect_error(
+        lambda: session(library, mmdeploy_model(iou_threshold=0.5, score_threshold=0.0)).run(
+            None, {"boxes": boxes, "scores": scores[:, :, :2]}
+        ),
+        "mmdeploy::NMSRotated",
+        "input scores (index 1)",
+    )
 
 
 def check_bad_input(library: str) -> None:
     sess = session(library, nms_model(iou_threshold=0.5))
-    expect_error(lambda: sess.run(None, {"boxes": np.ones((3, 5), np.float32), "scores": np.ones(2, np.float32)}),
-                 "opbridge::NmsRotated", "scores must have shape [N]", "N = boxes.shape[0] = 3")  # fmt: skip
+    expect_error(
+        lambda: sess.run(None, {"boxes": np.ones((3, 5), np.float32), "scores": np.ones(2, np.float32)}),
+        "opbridge::NmsRotated",
+        "scores must have shape [N]",
+        "N = boxes.shape[0] = 3",
+    )
     expect_error(lambda: session(library, nms_model(iou_threshold=1)), "attribute 'iou_threshold' must be a float")
 
 

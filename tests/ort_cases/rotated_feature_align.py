@@ -33,8 +33,12 @@ def bilinear(plane, y, x):
         x0, x = width - 1, float(width - 1)
     y1, x1 = min(y0 + 1, height - 1), min(x0 + 1, width - 1)
     ly, lx = y - y0, x - x0
-    return ((1 - ly) * (1 - lx) * plane[..., y0, x0] + (1 - ly) * lx * plane[..., y0, x1]
-            + ly * (1 - lx) * plane[..., y1, x0] + ly * lx * plane[..., y1, x1])  # fmt: skip
+    return (
+        (1 - ly) * (1 - lx) * plane[..., y0, x0]
+        + (1 - ly) * lx * plane[..., y0, x1]
+        + ly * (1 - lx) * plane[..., y1, x0]
+        + ly * lx * plane[..., y1, x1]
+    )
 
 
 def reference(features, boxes, scale, points):
@@ -46,8 +50,10 @@ def reference(features, boxes, scale, points):
         spots = [(y, x)]
         if points == 5:
             c, s = math.cos(angle), math.sin(angle)
-            spots += [(y + sw * s * bw / 2 + sh * c * bh / 2, x + sw * c * bw / 2 - sh * s * bh / 2)
-                      for sw, sh in ((1, 1), (-1, 1), (-1, -1), (1, -1))]  # fmt: skip
+            spots += [
+                (y + sw * s * bw / 2 + sh * c * bh / 2, x + sw * c * bw / 2 - sh * s * bh / 2)
+                for sw, sh in ((1, 1), (-1, 1), (-1, -1), (1, -1))
+            ]
         for py, px in spots:
             out[n, :, h, w] += bilinear(features[n].astype(np.float64), py, px)
     return out
@@ -57,8 +63,10 @@ def check_values(library: str) -> None:
     rng = np.random.default_rng(0)
     for dtype in (np.float32, np.float64):
         features = rng.standard_normal((2, 3, 5, 6)).astype(dtype)
-        boxes = np.concatenate([rng.uniform(-4, 50, (2, 5, 6, 2)), rng.uniform(0, 30, (2, 5, 6, 2)),
-                                rng.uniform(-2, 2, (2, 5, 6, 1))], axis=3).astype(dtype)  # fmt: skip
+        boxes = np.concatenate(
+            [rng.uniform(-4, 50, (2, 5, 6, 2)), rng.uniform(0, 30, (2, 5, 6, 2)), rng.uniform(-2, 2, (2, 5, 6, 1))],
+            axis=3,
+        ).astype(dtype)
         for op_type, domain in (("RotatedFeatureAlign", "opbridge"), ("MMCVRotatedFeatureAlign", "mmcv")):
             for points in (1, 5):
                 sess = session(library, align_model(dtype, op_type, domain, spatial_scale=0.125, points=points), 2)
@@ -71,13 +79,22 @@ def check_values(library: str) -> None:
 
 def check_bad_input(library: str) -> None:
     sess = session(library, align_model(spatial_scale=0.125, points=1))
-    expect_error(lambda: sess.run(None, {"features": np.ones((1, 2, 4, 4), np.float32),
-                                         "best_rboxes": np.ones((1, 4, 3, 5), np.float32)}),
-                 "opbridge::RotatedFeatureAlign", "input best_rboxes (index 1)", "[1, 4, 4, 5]")  # fmt: skip
+    expect_error(
+        lambda: sess.run(
+            None, {"features": np.ones((1, 2, 4, 4), np.float32), "best_rboxes": np.ones((1, 4, 3, 5), np.float32)}
+        ),
+        "opbridge::RotatedFeatureAlign",
+        "input best_rboxes (index 1)",
+        "[1, 4, 4, 5]",
+    )
     bad = session(library, align_model(op_type="MMCVRotatedFeatureAlign", domain="mmcv", points=3))
-    expect_error(lambda: bad.run(None, {"features": np.ones((1, 2, 4, 4), np.float32),
-                                        "best_rboxes": np.ones((1, 4, 4, 5), np.float32)}),
-                 "mmcv::MMCVRotatedFeatureAlign", "points must be 1")  # fmt: skip
+    expect_error(
+        lambda: bad.run(
+            None, {"features": np.ones((1, 2, 4, 4), np.float32), "best_rboxes": np.ones((1, 4, 4, 5), np.float32)}
+        ),
+        "mmcv::MMCVRotatedFeatureAlign",
+        "points must be 1",
+    )
 
 
 CHECKS = [check_values, check_bad_input]

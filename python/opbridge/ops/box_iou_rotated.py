@@ -98,8 +98,15 @@ def _out_sizes(b, boxes1, boxes2, aligned: bool) -> list[int | None]:
 def _custom(b, boxes1, boxes2, mode=0, aligned=False, clockwise=True):
     # Defaults as in the schema: the dynamo exporter drops trailing arguments left at their defaults.
     mode, aligned, clockwise = _flags(b, mode, aligned, clockwise)
-    out = b.op("BoxIouRotated", boxes1, boxes2, domain=specs.CUSTOM_DOMAIN, mode=mode, aligned=int(aligned),
-               clockwise=int(clockwise))  # fmt: skip
+    out = b.op(
+        "BoxIouRotated",
+        boxes1,
+        boxes2,
+        domain=specs.CUSTOM_DOMAIN,
+        mode=mode,
+        aligned=int(aligned),
+        clockwise=int(clockwise),
+    )
     b.set_type(out, boxes1, _out_sizes(b, boxes1, boxes2, aligned))
     return out
 
@@ -144,8 +151,11 @@ def _standard(b, boxes1, boxes2, mode=0, aligned=False, clockwise=True):
     bx, by = b.op("Add", bx, dx), b.op("Add", by, dy)
     rank = 2 if aligned else 3  # the corner axis is rank - 1
     # Distances below this count as zero (a piece on the other box's edge), relative to the box's size.
-    scale = b.op("Add", b.reduce("Max", b.op("Abs", ax), [rank - 1], keepdims=True),
-                 b.reduce("Max", b.op("Abs", ay), [rank - 1], keepdims=True))  # fmt: skip
+    scale = b.op(
+        "Add",
+        b.reduce("Max", b.op("Abs", ax), [rank - 1], keepdims=True),
+        b.reduce("Max", b.op("Abs", ay), [rank - 1], keepdims=True),
+    )
     tolerance = b.unsqueeze(b.op("Mul", scale, const(1e-6 if float32 else 1e-10)), rank)
     if not aligned:
         ax, ay = b.op("Expand", ax, b.op("Shape", bx)), b.op("Expand", ay, b.op("Shape", by))
@@ -205,8 +215,12 @@ _LOWERINGS = [
 
 # --- parity and reference ------------------------------------------------------------------------------------------
 
-_KINDS = {"iou": ("iou", False, True), "iof": ("iof", False, True), "aligned": ("iou", True, True),
-          "counter_clockwise": ("iof", False, False)}  # fmt: skip
+_KINDS = {
+    "iou": ("iou", False, True),
+    "iof": ("iof", False, True),
+    "aligned": ("iou", True, True),
+    "counter_clockwise": ("iof", False, False),
+}
 
 
 class _Model(torch.nn.Module):
@@ -224,12 +238,22 @@ def _sample_inputs(dtype: torch.dtype, operands: str, batch: int) -> tuple[Tenso
     generator = torch.Generator().manual_seed(batch)
     # One size for both box counts: the parity matrix gives every dimension that varies with the batch one name.
     rows = cols = 3 * batch
-    b1 = torch.cat([torch.rand(rows, 2, generator=generator, dtype=torch.float64) * 8,
-                    torch.rand(rows, 2, generator=generator, dtype=torch.float64) * 5 + 0.5,
-                    (torch.rand(rows, 1, generator=generator, dtype=torch.float64) - 0.5) * 2 * math.pi], 1)  # fmt: skip
-    b2 = torch.cat([torch.rand(cols, 2, generator=generator, dtype=torch.float64) * 8,
-                    torch.rand(cols, 2, generator=generator, dtype=torch.float64) * 5 + 0.5,
-                    (torch.rand(cols, 1, generator=generator, dtype=torch.float64) - 0.5) * 2 * math.pi], 1)  # fmt: skip
+    b1 = torch.cat(
+        [
+            torch.rand(rows, 2, generator=generator, dtype=torch.float64) * 8,
+            torch.rand(rows, 2, generator=generator, dtype=torch.float64) * 5 + 0.5,
+            (torch.rand(rows, 1, generator=generator, dtype=torch.float64) - 0.5) * 2 * math.pi,
+        ],
+        1,
+    )
+    b2 = torch.cat(
+        [
+            torch.rand(cols, 2, generator=generator, dtype=torch.float64) * 8,
+            torch.rand(cols, 2, generator=generator, dtype=torch.float64) * 5 + 0.5,
+            (torch.rand(cols, 1, generator=generator, dtype=torch.float64) - 0.5) * 2 * math.pi,
+        ],
+        1,
+    )
     b2[0] = b1[0]  # identical
     b2[1] = torch.tensor([b1[1, 0], b1[1, 1], b1[1, 2] * 0.5, b1[1, 3] * 0.5, b1[1, 4]])  # inside, same angle
     b1[2] = torch.tensor([1.0, 1.0, 2.0, 2.0, 0.0])
@@ -242,8 +266,10 @@ def _polygon(box: list[float], clockwise: bool) -> list[tuple[float, float]]:
     cx, cy, w, h, angle = box
     angle = angle if clockwise else -angle
     c, s = math.cos(angle), math.sin(angle)
-    return [(cx + c * u - s * v, cy + s * u + c * v) for u, v in ((-w / 2, -h / 2), (w / 2, -h / 2),
-                                                                  (w / 2, h / 2), (-w / 2, h / 2))]  # fmt: skip
+    return [
+        (cx + c * u - s * v, cy + s * u + c * v)
+        for u, v in ((-w / 2, -h / 2), (w / 2, -h / 2), (w / 2, h / 2), (-w / 2, h / 2))
+    ]
 
 
 def _clip(subject: list[tuple[float, float]], clip: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -270,7 +296,7 @@ def _clip(subject: list[tuple[float, float]], clip: list[tuple[float, float]]) -
 
 
 def _area(polygon: list[tuple[float, float]]) -> float:
-    return 0.5 * sum(p[0] * q[1] - q[0] * p[1] for p, q in zip(polygon, polygon[1:] + polygon[:1]))
+    return 0.5 * sum(p[0] * q[1] - q[0] * p[1] for p, q in zip(polygon, polygon[1:] + polygon[:1], strict=True))
 
 
 def overlap(box1: list[float], box2: list[float], mode: str = "iou", clockwise: bool = True) -> float:

@@ -97,8 +97,13 @@ def _custom(b, boxes, scores, iou_threshold, labels=None, clockwise=True):
     inputs = [boxes, scores]
     if not b.is_none(labels):
         inputs.append(b.op("Cast", labels, to=7))  # any integer type: INT64
-    out = b.op("NmsRotated", *inputs, domain=specs.CUSTOM_DOMAIN, iou_threshold=threshold,
-               clockwise=int(bool(b.value(clockwise, "b"))))  # fmt: skip
+    out = b.op(
+        "NmsRotated",
+        *inputs,
+        domain=specs.CUSTOM_DOMAIN,
+        iou_threshold=threshold,
+        clockwise=int(bool(b.value(clockwise, "b"))),
+    )
     b.set_type(out, boxes, [None], dtype=torch.int64)
     return out
 
@@ -126,9 +131,14 @@ def _sample_inputs(dtype: torch.dtype, operands: str, batch: int):
     count = 6 * batch
     centers = torch.rand(batch, 2, generator=generator, dtype=torch.float64) * 20
     member = torch.arange(count) % batch
-    boxes = torch.cat([centers[member] + torch.randn(count, 2, generator=generator, dtype=torch.float64),
-                       torch.rand(count, 2, generator=generator, dtype=torch.float64) * 4 + 2,
-                       (torch.rand(count, 1, generator=generator, dtype=torch.float64) - 0.5) * math.pi], 1)  # fmt: skip
+    boxes = torch.cat(
+        [
+            centers[member] + torch.randn(count, 2, generator=generator, dtype=torch.float64),
+            torch.rand(count, 2, generator=generator, dtype=torch.float64) * 4 + 2,
+            (torch.rand(count, 1, generator=generator, dtype=torch.float64) - 0.5) * math.pi,
+        ],
+        1,
+    )
     boxes[-1, 3] = 0.0
     scores = torch.rand(count, generator=generator, dtype=torch.float64).round(decimals=1)  # ties
     inputs = [boxes.to(dtype), scores.to(dtype)]
@@ -179,5 +189,6 @@ SPEC = specs.register(
         operand_kinds=_KINDS,
         input_names=("boxes", "scores", "labels"),
         reference=reference,
+        extra={"data_dependent_output": "the number of kept boxes"},
     )
 )

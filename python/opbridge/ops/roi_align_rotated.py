@@ -90,8 +90,9 @@ def roi_align_rotated(
 
 
 @torch.library.register_fake("opbridge::roi_align_rotated")
-def _roi_align_rotated_fake(input, rois, pooled_height, pooled_width, spatial_scale=1.0, sampling_ratio=0,
-                            aligned=True, clockwise=False):  # fmt: skip
+def _roi_align_rotated_fake(
+    input, rois, pooled_height, pooled_width, spatial_scale=1.0, sampling_ratio=0, aligned=True, clockwise=False
+):
     # Defaults as in the schema: tracers drop trailing arguments left at their defaults.
     op = "opbridge::roi_align_rotated"
     _checks.one_device(op, input=input, rois=rois)
@@ -104,8 +105,9 @@ def _roi_align_rotated_fake(input, rois, pooled_height, pooled_width, spatial_sc
 
 
 @torch.library.register_fake("opbridge::roi_align_rotated_backward")
-def _roi_align_rotated_backward_fake(grad_output, input, rois, pooled_height, pooled_width, spatial_scale,
-                                     sampling_ratio, aligned, clockwise):  # fmt: skip
+def _roi_align_rotated_backward_fake(
+    grad_output, input, rois, pooled_height, pooled_width, spatial_scale, sampling_ratio, aligned, clockwise
+):
     _checks.one_device("opbridge::roi_align_rotated_backward", grad_output=grad_output, input=input, rois=rois)
     return torch.empty_like(input, memory_format=torch.contiguous_format)
 
@@ -145,9 +147,17 @@ class RoIAlignRotated(torch.nn.Module):
     mmrotate's configs use. ``forward(input, rois)``. Scriptable.
     """
 
-    def __init__(self, output_size: IntPair | None = None, spatial_scale: float | None = None,
-                 sampling_ratio: int = 0, aligned: bool = True, clockwise: bool = False, *,
-                 out_size: IntPair | None = None, sample_num: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        output_size: IntPair | None = None,
+        spatial_scale: float | None = None,
+        sampling_ratio: int = 0,
+        aligned: bool = True,
+        clockwise: bool = False,
+        *,
+        out_size: IntPair | None = None,
+        sample_num: int | None = None,
+    ) -> None:
         super().__init__()
         op = "opbridge.nn.RoIAlignRotated"
         if out_size is not None:
@@ -165,12 +175,15 @@ class RoIAlignRotated(torch.nn.Module):
         self.sampling_ratio, self.aligned, self.clockwise = int(sampling_ratio), bool(aligned), bool(clockwise)
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:
-        return roi_align_rotated(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio,
-                                 self.aligned, self.clockwise)  # fmt: skip
+        return roi_align_rotated(
+            input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned, self.clockwise
+        )
 
     def extra_repr(self) -> str:
-        return (f"output_size={self.output_size}, spatial_scale={self.spatial_scale}, sampling_ratio="
-                f"{self.sampling_ratio}, aligned={self.aligned}, clockwise={self.clockwise}")  # fmt: skip
+        return (
+            f"output_size={self.output_size}, spatial_scale={self.spatial_scale}, sampling_ratio="
+            f"{self.sampling_ratio}, aligned={self.aligned}, clockwise={self.clockwise}"
+        )
 
 
 # --- ONNX ------------------------------------------------------------------------------------------------------------
@@ -187,14 +200,16 @@ def _attributes(b, pooled_height, pooled_width, spatial_scale, sampling_ratio, a
     }
 
 
-def _custom(b, input, rois, pooled_height, pooled_width, spatial_scale=1.0, sampling_ratio=0, aligned=True,
-            clockwise=False):  # fmt: skip
+def _custom(
+    b, input, rois, pooled_height, pooled_width, spatial_scale=1.0, sampling_ratio=0, aligned=True, clockwise=False
+):
     # Defaults as in the schema: the dynamo exporter drops trailing arguments left at their defaults.
     a = _attributes(b, pooled_height, pooled_width, spatial_scale, sampling_ratio, aligned, clockwise)
     out = b.op("RoiAlignRotated", input, rois, domain=specs.CUSTOM_DOMAIN, **a)
     x, r = b.static_shape(input), b.static_shape(rois)
-    b.set_type(out, input, [r[0] if r else None, x[1] if x and len(x) == 4 else None, a["output_height"],
-                            a["output_width"]])  # fmt: skip
+    b.set_type(
+        out, input, [r[0] if r else None, x[1] if x and len(x) == 4 else None, a["output_height"], a["output_width"]]
+    )
     return out
 
 
@@ -210,8 +225,9 @@ class Bilinear:
         self.height, self.width = (b.op("Gather", shape, i64(i), axis=0) for i in (2, 3))  # scalars
         self.height_f, self.width_f = (self.cast(v) for v in (self.height, self.width))
         channels = b.op("Gather", shape, i64([1]), axis=0)
-        self.rows = b.op("Reshape", b.op("Transpose", features, perm=[0, 2, 3, 1]),
-                         b.op("Concat", i64([-1]), channels, axis=0))  # fmt: skip
+        self.rows = b.op(
+            "Reshape", b.op("Transpose", features, perm=[0, 2, 3, 1]), b.op("Concat", i64([-1]), channels, axis=0)
+        )
 
     def const(self, value: float):
         return self.b.constant_like(value, self.like)
@@ -230,10 +246,14 @@ class Bilinear:
         last_y, last_x = b.op("Sub", self.height_f, one), b.op("Sub", self.width_f, one)
         y = b.op("Where", b.op("IsNaN", y), const(-2.0), y)  # NaN: outside
         x = b.op("Where", b.op("IsNaN", x), const(-2.0), x)
-        inside = b.op("And",
-                      b.op("And", b.op("Not", b.op("Less", y, const(-1.0))), b.op("Not", b.op("Greater", y, self.height_f))),
-                      b.op("And", b.op("Not", b.op("Less", x, const(-1.0))), b.op("Not", b.op("Greater", x, self.width_f))))  # fmt: skip
-        inside = b.op("And", inside, b.op("And", b.op("Greater", self.height_f, zero), b.op("Greater", self.width_f, zero)))
+        inside = b.op(
+            "And",
+            b.op("And", b.op("Not", b.op("Less", y, const(-1.0))), b.op("Not", b.op("Greater", y, self.height_f))),
+            b.op("And", b.op("Not", b.op("Less", x, const(-1.0))), b.op("Not", b.op("Greater", x, self.width_f))),
+        )
+        inside = b.op(
+            "And", inside, b.op("And", b.op("Greater", self.height_f, zero), b.op("Greater", self.width_f, zero))
+        )
         y, x = b.op("Min", b.op("Max", y, zero), self.height_f), b.op("Min", b.op("Max", x, zero), self.width_f)
         y0, x0 = b.op("Floor", y), b.op("Floor", x)
         at_last_y, at_last_x = b.op("Not", b.op("Less", y0, last_y)), b.op("Not", b.op("Less", x0, last_x))
@@ -255,8 +275,9 @@ class Bilinear:
         return b.op("Where", b.unsqueeze(inside, -1), total, zero)
 
 
-def _standard(b, input, rois, pooled_height, pooled_width, spatial_scale=1.0, sampling_ratio=0, aligned=True,
-              clockwise=False):  # fmt: skip
+def _standard(
+    b, input, rois, pooled_height, pooled_width, spatial_scale=1.0, sampling_ratio=0, aligned=True, clockwise=False
+):
     a = _attributes(b, pooled_height, pooled_width, spatial_scale, sampling_ratio, aligned, clockwise)
     ph, pw = a["output_height"], a["output_width"]
     i64 = b.constant
@@ -294,8 +315,11 @@ def _standard(b, input, rois, pooled_height, pooled_width, spatial_scale=1.0, sa
         per_bin = b.op("Reshape", bin_size, i64([-1, 1, 1]))
         step = b.op("Div", per_bin, b.op("Reshape", b.op("Max", grids, const(1.0)), i64([-1, 1, 1])))
         start = b.op("Mul", b.op("Reshape", length, i64([-1, 1, 1])), const(-0.5))
-        offsets = b.op("Add", b.op("Add", start, b.op("Mul", bins, per_bin)),
-                       b.op("Mul", b.op("Add", b.op("Reshape", steps, i64([1, 1, -1])), const(0.5)), step))  # fmt: skip
+        offsets = b.op(
+            "Add",
+            b.op("Add", start, b.op("Mul", bins, per_bin)),
+            b.op("Mul", b.op("Add", b.op("Reshape", steps, i64([1, 1, -1])), const(0.5)), step),
+        )
         return offsets, grids, mask
 
     yy, grid_h, mask_h = axis(h, ph)  # [K, PH, Gh]
@@ -353,10 +377,15 @@ def _sample_inputs(dtype: torch.dtype, operands: str, batch: int) -> tuple[Tenso
     generator = torch.Generator().manual_seed(batch)
     x = torch.randn(batch, 3, 9, 11, generator=generator, dtype=torch.float64)
     count = 5  # a fixed count (the parity matrix names every dimension that varies with the batch alike)
-    rois = torch.cat([torch.arange(count, dtype=torch.float64).remainder(batch)[:, None],
-                      torch.rand(count, 2, generator=generator, dtype=torch.float64) * 24 - 1,
-                      torch.rand(count, 2, generator=generator, dtype=torch.float64) * 12 + 0.3,
-                      (torch.rand(count, 1, generator=generator, dtype=torch.float64) - 0.5) * 2 * math.pi], 1)  # fmt: skip
+    rois = torch.cat(
+        [
+            torch.arange(count, dtype=torch.float64).remainder(batch)[:, None],
+            torch.rand(count, 2, generator=generator, dtype=torch.float64) * 24 - 1,
+            torch.rand(count, 2, generator=generator, dtype=torch.float64) * 12 + 0.3,
+            (torch.rand(count, 1, generator=generator, dtype=torch.float64) - 0.5) * 2 * math.pi,
+        ],
+        1,
+    )
     return x.to(dtype), rois.to(dtype)
 
 
@@ -372,12 +401,24 @@ def _bilinear(plane: Tensor, y: float, x: float) -> Tensor:
         x0, x = width - 1, float(width - 1)
     y1, x1 = min(y0 + 1, height - 1), min(x0 + 1, width - 1)
     ly, lx = y - y0, x - x0
-    return ((1 - ly) * (1 - lx) * plane[..., y0, x0] + (1 - ly) * lx * plane[..., y0, x1]
-            + ly * (1 - lx) * plane[..., y1, x0] + ly * lx * plane[..., y1, x1])  # fmt: skip
+    return (
+        (1 - ly) * (1 - lx) * plane[..., y0, x0]
+        + (1 - ly) * lx * plane[..., y0, x1]
+        + ly * (1 - lx) * plane[..., y1, x0]
+        + ly * lx * plane[..., y1, x1]
+    )
 
 
-def reference(input: Tensor, rois: Tensor, output_size=(2, 2), spatial_scale=1.0, sampling_ratio=0, aligned=True,
-              clockwise=False, operands: str | None = None) -> Tensor:  # fmt: skip
+def reference(
+    input: Tensor,
+    rois: Tensor,
+    output_size=(2, 2),
+    spatial_scale=1.0,
+    sampling_ratio=0,
+    aligned=True,
+    clockwise=False,
+    operands: str | None = None,
+) -> Tensor:
     """mmcv's definition in plain Python loops (float64): the independent reference of the tests."""
     if operands is not None:
         output_size, spatial_scale, sampling_ratio, aligned, clockwise = _KINDS[operands]
@@ -404,8 +445,11 @@ def reference(input: Tensor, rois: Tensor, output_size=(2, 2), spatial_scale=1.0
                     yy = -h / 2 + i * h / ph + (iy + 0.5) * h / ph / gh
                     for ix in range(gw):
                         xx = -w / 2 + j * w / pw + (ix + 0.5) * w / pw / gw
-                        total += _bilinear(plane, yy * math.cos(theta) - xx * math.sin(theta) + cy,
-                                           yy * math.sin(theta) + xx * math.cos(theta) + cx)  # fmt: skip
+                        total += _bilinear(
+                            plane,
+                            yy * math.cos(theta) - xx * math.sin(theta) + cy,
+                            yy * math.sin(theta) + xx * math.cos(theta) + cx,
+                        )
                 out[k, :, i, j] = total / max(gh * gw, 1)
     return out
 
@@ -423,8 +467,14 @@ SPEC = specs.register(
             types=("tensor(float)", "tensor(double)"),
             doc="mmcv's roi_align_rotated: input [N, C, H, W], rois [K, 6] (batch, cx, cy, w, h, angle) -> "
             "[K, C, output_height, output_width]; the attributes of mmcv's MMCVRoIAlignRotated.",
-            attributes=(("aligned", "int"), ("clockwise", "int"), ("output_height", "int"), ("output_width", "int"),
-                        ("sampling_ratio", "int"), ("spatial_scale", "float")),  # fmt: skip
+            attributes=(
+                ("aligned", "int"),
+                ("clockwise", "int"),
+                ("output_height", "int"),
+                ("output_width", "int"),
+                ("sampling_ratio", "int"),
+                ("spatial_scale", "float"),
+            ),
         ),
         dtypes=(torch.float32, torch.float64),
         call_paths={"torch.ops": _Model},

@@ -27,8 +27,9 @@ NN_MODULES: list[str] = []
 _OP = "opbridge.rotated_feature_align"
 
 
-def rotated_feature_align(features: Tensor, best_rboxes: Tensor, spatial_scale: float = 1 / 8,
-                          points: int = 1) -> Tensor:  # fmt: skip
+def rotated_feature_align(
+    features: Tensor, best_rboxes: Tensor, spatial_scale: float = 1 / 8, points: int = 1
+) -> Tensor:
     """Refines features with samples at each pixel's rotated box: mmcv's ``rotated_feature_align``.
 
     ``out[n, c, h, w] = features[n, c, h, w] + sum over the points of bilinear(features[n, c], point)``.
@@ -72,8 +73,10 @@ def _rotated_feature_align_fake(features, best_rboxes, spatial_scale, points=1):
     _checks.one_device(op, features=features, best_rboxes=best_rboxes)
     torch._check(
         features.dim() == 4 and best_rboxes.dim() == 4 and best_rboxes.shape[3] == 5,
-        lambda: f"{op}: features must be [N, C, H, W] and best_rboxes [N, H, W, 5], got {tuple(features.shape)} "
-        f"and {tuple(best_rboxes.shape)}",
+        lambda: (
+            f"{op}: features must be [N, C, H, W] and best_rboxes [N, H, W, 5], got {tuple(features.shape)} "
+            f"and {tuple(best_rboxes.shape)}"
+        ),
     )
     torch._check(best_rboxes.dtype == features.dtype, lambda: f"{op}: best_rboxes must have the features' dtype")
     return torch.empty_like(features, memory_format=torch.contiguous_format)
@@ -133,8 +136,9 @@ def _attributes(b, spatial_scale, points) -> tuple[float, int]:
 def _custom(b, features, best_rboxes, spatial_scale, points=1):
     # Defaults as in the schema: the dynamo exporter drops trailing arguments left at their defaults.
     scale, count = _attributes(b, spatial_scale, points)
-    out = b.op("RotatedFeatureAlign", features, best_rboxes, domain=specs.CUSTOM_DOMAIN, spatial_scale=scale,
-               points=count)  # fmt: skip
+    out = b.op(
+        "RotatedFeatureAlign", features, best_rboxes, domain=specs.CUSTOM_DOMAIN, spatial_scale=scale, points=count
+    )
     b.set_type(out, features, b.static_shape(features))
     return out
 
@@ -195,15 +199,20 @@ def _sample_inputs(dtype: torch.dtype, operands: str, batch: int) -> tuple[Tenso
     generator = torch.Generator().manual_seed(batch)
     height, width = 5, 6
     features = torch.randn(batch, 3, height, width, generator=generator, dtype=torch.float64)
-    boxes = torch.cat([torch.rand(batch, height, width, 2, generator=generator, dtype=torch.float64) * 28 - 2,
-                       torch.rand(batch, height, width, 2, generator=generator, dtype=torch.float64) * 16,
-                       (torch.rand(batch, height, width, 1, generator=generator, dtype=torch.float64) - 0.5) * 4],
-                      3)  # fmt: skip
+    boxes = torch.cat(
+        [
+            torch.rand(batch, height, width, 2, generator=generator, dtype=torch.float64) * 28 - 2,
+            torch.rand(batch, height, width, 2, generator=generator, dtype=torch.float64) * 16,
+            (torch.rand(batch, height, width, 1, generator=generator, dtype=torch.float64) - 0.5) * 4,
+        ],
+        3,
+    )
     return features.to(dtype), boxes.to(dtype)
 
 
-def reference(features: Tensor, best_rboxes: Tensor, spatial_scale: float = 1 / 8, points: int = 1,
-              operands: str | None = None) -> Tensor:  # fmt: skip
+def reference(
+    features: Tensor, best_rboxes: Tensor, spatial_scale: float = 1 / 8, points: int = 1, operands: str | None = None
+) -> Tensor:
     """mmcv's definition in plain Python loops (float64): the independent reference of the tests."""
     if operands is not None:
         spatial_scale, points = _KINDS[operands]
