@@ -156,8 +156,9 @@ def test_bad_rois_fail_loudly():
     for index in (2.0, -1.0, 0.5, math.nan):
         with pytest.raises(RuntimeError, match=r"batch index\) must be an integer in \[0, 2\)"):
             opbridge.roi_align_rotated(x, torch.tensor([[index, 1, 1, 2, 2, 0]]), 2)
-    with pytest.raises(RuntimeError, match="sampling_ratio > 0"):
-        opbridge.roi_align_rotated(x, torch.tensor([[0, 1, 1, 1e9, 1e9, 0]]), 2)
+    for w, h, size in ((1e9, 1e9, 2), (1e30, 3.0, (2, 1)), (1e30, 3.0, 1), (3.0, 1e38, 2)):  # counts beyond int64 too
+        with pytest.raises(RuntimeError, match="sampling_ratio > 0"):
+            opbridge.roi_align_rotated(x, torch.tensor([[0, 1, 1, w, h, 0.5]]), size)
     out = opbridge.roi_align_rotated(x, torch.tensor([[0, math.nan, 1, 2, 2, 0], [1, 1, 1, 2, 2, 0]]), 2)
     assert out[0].isnan().all() and not out[1].isnan().any()
     assert opbridge.roi_align_rotated(x, torch.zeros(0, 6), 2).shape == (0, 1, 2, 2)

@@ -110,8 +110,11 @@ Roi read_roi(const T* roi, const RoiAlignRotatedAttributes& a) {
   if (a.sampling_ratio > 0) {
     r.grid_h = r.grid_w = a.sampling_ratio;
   } else if (r.finite) {
-    r.grid_h = static_cast<int64_t>(std::max(std::ceil(r.h / a.pooled_height), 0.0));
-    r.grid_w = static_cast<int64_t>(std::max(std::ceil(r.w / a.pooled_width), 0.0));
+    // Clamped before the conversion (a huge roi's count does not fit in int64): above the limit the roi is
+    // refused by read_rotated_rois.
+    const double limit = static_cast<double>(kMaxRoiSamples) + 1;
+    r.grid_h = static_cast<int64_t>(std::clamp(std::ceil(r.h / a.pooled_height), 0.0, limit));
+    r.grid_w = static_cast<int64_t>(std::clamp(std::ceil(r.w / a.pooled_width), 0.0, limit));
   }
   return r;
 }

@@ -84,3 +84,19 @@ def ort_session(library: str, model: bytes):
     options.log_severity_level = 4
     options.register_custom_ops_library(library)
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def run_one_node(session, op_type: str, inputs: list[str], arrays: dict, attributes: dict, out_dtype):
+    """Builds the one-node opbridge model of ``op_type`` over ``inputs`` (names into ``arrays``; empty names and
+    repeats as the case drew them), runs it, and returns ``(output, None)``, or ``(None, rejected(error))`` when
+    the runtime refused the model or the inputs."""
+    from onnx import helper
+
+    node = helper.make_node(op_type, inputs, ["out"], domain="opbridge", **attributes)
+    names = [n for n in dict.fromkeys(inputs) if n]
+    model = one_node_model(node, [tensor_info(n, arrays[n].dtype.type) for n in names], [tensor_info("out", out_dtype)])
+    try:
+        (out,) = session(model).run(None, {n: arrays[n] for n in names})
+    except Exception as error:
+        return None, rejected(error)
+    return out, None
