@@ -265,3 +265,24 @@ CONTRACT_CASES = {
         ),
     ],
 }
+
+
+def test_benchmark_runs_on_small_sizes(monkeypatch, tmp_path):
+    """Every path of the four rotated ops' benchmarks (`python -m opbridge bench`) runs and is checked against its
+    baseline first; no timing is asserted."""
+    import json
+
+    from opbridge.tools import bench
+    from opbridge.tools.bench import box_iou_rotated, nms_rotated, roi_align_rotated, rotated_feature_align
+
+    monkeypatch.setattr(box_iou_rotated, "CASES", {"small": 30})
+    monkeypatch.setattr(nms_rotated, "CASES", {"small": (40, 0.3)})
+    monkeypatch.setattr(roi_align_rotated, "CASES", {"small": (6, 4)})
+    monkeypatch.setattr(roi_align_rotated, "MAP", 16)
+    monkeypatch.setattr(rotated_feature_align, "SHAPE", (1, 3, 9, 7))
+    report = tmp_path / "bench.json"
+    ops = ["box_iou_rotated", "nms_rotated", "roi_align_rotated", "rotated_feature_align"]
+    assert bench.main(["--threads", "1", "--warmup", "0", "--repeat", "1", "--json", str(report), "--ops", *ops]) == 0
+    timed = {(r["op"], r["path"]) for r in json.loads(report.read_text())["rows"] if r["median_ms"] is not None}
+    for op in ops:
+        assert {(op, "torch_op"), (op, "torch_vectorized"), (op, "ort_custom")} <= timed, op

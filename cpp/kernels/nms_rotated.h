@@ -104,9 +104,8 @@ inline Status check_batched_nms_rotated(const char* op, const std::vector<int64_
 }
 
 template <class T, class ParallelFor>
-std::vector<int64_t> batched_nms_rotated(const T* boxes, const T* scores, int64_t batch, int64_t classes,
-                                         int64_t count, double iou_threshold, double score_threshold,
-                                         ParallelFor&& parallel_for) {
+std::vector<int64_t> batched_nms_rotated(const T* boxes, const T* scores, int64_t batch, int64_t classes, int64_t count,
+                                         double iou_threshold, double score_threshold, ParallelFor&& parallel_for) {
   // One task per (batch, class); the rows are concatenated in that order afterwards.
   std::vector<std::vector<int64_t>> kept(static_cast<size_t>(batch * classes));
   std::vector<std::vector<rotated::Polygon>> polygons(static_cast<size_t>(batch));

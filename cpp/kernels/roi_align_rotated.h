@@ -99,8 +99,8 @@ Roi read_roi(const T* roi, const RoiAlignRotatedAttributes& a) {
   r.w = roi[3] * a.spatial_scale;
   r.h = roi[4] * a.spatial_scale;
   const double angle = a.clockwise ? -static_cast<double>(roi[5]) : static_cast<double>(roi[5]);
-  r.finite = std::isfinite(r.cx) && std::isfinite(r.cy) && std::isfinite(r.w) && std::isfinite(r.h) &&
-             std::isfinite(angle);
+  r.finite =
+      std::isfinite(r.cx) && std::isfinite(r.cy) && std::isfinite(r.w) && std::isfinite(r.h) && std::isfinite(angle);
   if (!a.aligned) {  // mmcv's legacy mode: at least one pixel
     r.w = std::max(r.w, 1.0);
     r.h = std::max(r.h, 1.0);

@@ -41,9 +41,8 @@ inline Status check_rotated_feature_align(const RotatedFeatureAlignNames& names,
   }
   const std::vector<int64_t> expected{features[0], features[2], features[3], 5};
   if (boxes != expected) {
-    return {prefix + names.best_rboxes + " must have shape [batch, height, width, 5] = " +
-            shape_to_string(expected) + " (one box per pixel of " + names.features + "), got " +
-            shape_to_string(boxes)};
+    return {prefix + names.best_rboxes + " must have shape [batch, height, width, 5] = " + shape_to_string(expected) +
+            " (one box per pixel of " + names.features + "), got " + shape_to_string(boxes)};
   }
   if (points != 1 && points != 5) {
     return {prefix + "points must be 1 (the box center) or 5 (the center and the corners), got " +

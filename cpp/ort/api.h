@@ -61,8 +61,8 @@ inline bool absent(const OrtApi* api, OrtStatus* status, const char* op, const c
 inline int64_t int_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* op, const char* name,
                              int64_t fallback) {
   int64_t value = fallback;
-  const bool absent = attribute_detail::absent(api, api->KernelInfoGetAttribute_int64(info, name, &value), op, name,
-                                               "an integer");
+  const bool absent =
+      attribute_detail::absent(api, api->KernelInfoGetAttribute_int64(info, name, &value), op, name, "an integer");
   return absent ? fallback : value;
 }
 

@@ -22,8 +22,9 @@ struct BoxIouRotated {
                       const Ort::Custom::Tensor<T>& boxes2, Ort::Custom::Tensor<T>& out) {
     return guarded(kOp, [&] {
       kernels::BoxIouRotatedShape shape;
-      const auto status = kernels::check_box_iou_rotated(kOp, "input boxes1 (index 0)", boxes1.Shape(),
-                                                         "input boxes2 (index 1)", boxes2.Shape(), mode, aligned, shape);
+      const auto status =
+          kernels::check_box_iou_rotated(kOp, "input boxes1 (index 0)", boxes1.Shape(), "input boxes2 (index 1)",
+                                         boxes2.Shape(), mode, aligned, shape);
       if (!status.ok()) return from_kernel(status);
       T* y = aligned ? out.Allocate({shape.rows}) : out.Allocate({shape.rows, shape.cols});
       if (shape.rows == 0 || shape.cols == 0) return Ort::Status(nullptr);
@@ -37,8 +38,10 @@ struct BoxIouRotated {
 };
 
 void append_box_iou_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<BoxIouRotated<float>>("BoxIouRotated", "CPUExecutionProvider")));
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<BoxIouRotated<double>>("BoxIouRotated", "CPUExecutionProvider")));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<BoxIouRotated<float>>("BoxIouRotated", "CPUExecutionProvider")));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<BoxIouRotated<double>>("BoxIouRotated", "CPUExecutionProvider")));
 }
 
 }  // namespace

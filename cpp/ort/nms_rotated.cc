@@ -93,10 +93,10 @@ struct MmdeployNmsRotated {
 };
 
 void append_mmdeploy_nms_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(complete_op(
-      Ort::Custom::CreateLiteCustomOp<MmdeployNmsRotated<float>>("NMSRotated", "CPUExecutionProvider")));
-  ops.push_back(complete_op(
-      Ort::Custom::CreateLiteCustomOp<MmdeployNmsRotated<double>>("NMSRotated", "CPUExecutionProvider")));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<MmdeployNmsRotated<float>>("NMSRotated", "CPUExecutionProvider")));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<MmdeployNmsRotated<double>>("NMSRotated", "CPUExecutionProvider")));
 }
 
 }  // namespace

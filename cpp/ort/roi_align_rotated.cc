@@ -52,8 +52,10 @@ struct RoiAlignRotated {
 
 template <const char* Op>
 void append_for(const char* op_type, std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<RoiAlignRotated<float, Op>>(op_type, "CPUExecutionProvider")));
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<RoiAlignRotated<double, Op>>(op_type, "CPUExecutionProvider")));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<RoiAlignRotated<float, Op>>(op_type, "CPUExecutionProvider")));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<RoiAlignRotated<double, Op>>(op_type, "CPUExecutionProvider")));
 }
 
 void append_roi_align_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {

@@ -24,9 +24,9 @@ struct RotatedFeatureAlign {
                       const Ort::Custom::Tensor<T>& boxes, Ort::Custom::Tensor<T>& out) {
     return guarded(Op, [&] {
       kernels::RotatedFeatureAlignShape shape;
-      const auto status = kernels::check_rotated_feature_align(
-          {Op, "input features (index 0)", "input best_rboxes (index 1)"}, features.Shape(), boxes.Shape(),
-          spatial_scale, points, shape);
+      const auto status =
+          kernels::check_rotated_feature_align({Op, "input features (index 0)", "input best_rboxes (index 1)"},
+                                               features.Shape(), boxes.Shape(), spatial_scale, points, shape);
       if (!status.ok()) return from_kernel(status);
       T* y = out.Allocate(features.Shape());
       if (shape.batch * shape.channels * shape.height * shape.width == 0) return Ort::Status(nullptr);

@@ -9,8 +9,9 @@
 #include "torch/api.h"
 
 OPBRIDGE_LIBRARY_FRAGMENT(m) {
-  m.def("nms_rotated(Tensor boxes, Tensor scores, float iou_threshold, Tensor? labels=None, bool clockwise=True) "
-        "-> Tensor");
+  m.def(
+      "nms_rotated(Tensor boxes, Tensor scores, float iou_threshold, Tensor? labels=None, bool clockwise=True) "
+      "-> Tensor");
 }
 
 namespace opbridge {
@@ -27,8 +28,8 @@ Tensor nms_rotated_cpu(const Tensor& boxes, const Tensor& scores, double iou_thr
   const auto dtype = boxes.scalar_type();
   OPBRIDGE_CHECK(dtype == scores.scalar_type(), kOp, ": boxes and scores must have the same dtype, got ",
                  api::dtype_name(dtype), " and ", api::dtype_name(scores.scalar_type()));
-  OPBRIDGE_CHECK(!labels || api::is_integral(labels->scalar_type()), kOp,
-                 ": labels must be an integer tensor, got ", api::dtype_name(labels ? labels->scalar_type() : dtype));
+  OPBRIDGE_CHECK(!labels || api::is_integral(labels->scalar_type()), kOp, ": labels must be an integer tensor, got ",
+                 api::dtype_name(labels ? labels->scalar_type() : dtype));
   const auto label_shape = labels ? api::sizes(*labels) : std::vector<int64_t>{};
   int64_t count = 0;
   const auto status =
@@ -37,8 +38,8 @@ Tensor nms_rotated_cpu(const Tensor& boxes, const Tensor& scores, double iou_thr
   std::vector<int64_t> keep;
   if (count > 0) {
     const auto b = api::contiguous(boxes), s = api::contiguous(scores);
-    const auto l = labels ? std::optional<Tensor>(api::contiguous(api::to(*labels, api::ScalarType::Long)))
-                          : std::nullopt;
+    const auto l =
+        labels ? std::optional<Tensor>(api::contiguous(api::to(*labels, api::ScalarType::Long))) : std::nullopt;
     api::dispatch_floating(dtype, kOp, [&](auto tag) {
       using T = decltype(tag);
       keep = kernels::nms_rotated(api::data<T>(b), api::data<T>(s), l ? api::data<int64_t>(*l) : nullptr, count,

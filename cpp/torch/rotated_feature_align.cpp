@@ -19,8 +19,8 @@ namespace k = kernels;
 
 k::RotatedFeatureAlignShape checked(const char* op, const char* features_name, const Tensor& features,
                                     const Tensor& boxes, double spatial_scale, int64_t points) {
-  OPBRIDGE_CHECK(api::is_cpu(features) && api::is_cpu(boxes), op, ": expected CPU tensors, got ", features_name,
-                 " on ", api::device_name(features), " and best_rboxes on ", api::device_name(boxes));
+  OPBRIDGE_CHECK(api::is_cpu(features) && api::is_cpu(boxes), op, ": expected CPU tensors, got ", features_name, " on ",
+                 api::device_name(features), " and best_rboxes on ", api::device_name(boxes));
   OPBRIDGE_CHECK(features.scalar_type() == boxes.scalar_type(), op, ": best_rboxes must have the dtype of ",
                  features_name, " (", api::dtype_name(features.scalar_type()), "), got ",
                  api::dtype_name(boxes.scalar_type()));
@@ -42,8 +42,7 @@ Tensor rotated_feature_align_cpu(const Tensor& features, const Tensor& best_rbox
   const auto x = api::contiguous(features), b = api::contiguous(best_rboxes);
   api::dispatch_floating(features.scalar_type(), kOp, [&](auto tag) {
     using T = decltype(tag);
-    k::rotated_feature_align(api::data<T>(x), api::data<T>(b), api::data<T>(out), shape, spatial_scale,
-                             parallel_for);
+    k::rotated_feature_align(api::data<T>(x), api::data<T>(b), api::data<T>(out), shape, spatial_scale, parallel_for);
   });
   return out;
 }

@@ -27,6 +27,7 @@ TARGETS = [
     Target("ort_custom", "ort_standard", None),
 ]
 SIZE, SCALE, RATIO = (7, 7), 1 / 8, 2
+MAP = 128  # the feature map is MAP x MAP
 
 
 def rois(count: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
@@ -80,8 +81,8 @@ def run(bench: Bench) -> None:
 
     torchvision_op = _torchvision_roi_align()
     for case, (count, channels) in CASES.items():
-        features = torch.randn(1, channels, 128, 128, generator=torch.Generator().manual_seed(0))
-        r = rois(count, 128, 128)
+        features = torch.randn(1, channels, MAP, MAP, generator=torch.Generator().manual_seed(0))
+        r = rois(count, MAP, MAP)
         want = opbridge.roi_align_rotated(features, r, SIZE, SCALE, RATIO)
         flat = r.clone()
         flat[:, 5] = 0

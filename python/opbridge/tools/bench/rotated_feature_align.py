@@ -20,6 +20,7 @@ from . import Bench, Target, check_close, checked_run, ort_session
 CASES = {"C256 128x128 5 points": 5, "C256 128x128 1 point": 1}
 TARGETS = [Target("torch_op", "torch_vectorized", None), Target("ort_custom", "ort_standard", None)]
 SCALE = 1 / 8
+SHAPE = (1, 256, 128, 128)  # N, C, H, W
 
 
 def vectorized(features: torch.Tensor, boxes: torch.Tensor, points: int) -> torch.Tensor:
@@ -65,16 +66,11 @@ def run(bench: Bench) -> None:
     from ...onnx import export
 
     generator = torch.Generator().manual_seed(0)
-    features = torch.randn(1, 256, 128, 128, generator=generator)
-    centers = torch.rand(1, 128, 128, 2, generator=generator) * 1024
-    boxes = torch.cat(
-        [
-            centers,
-            torch.rand(1, 128, 128, 2, generator=generator) * 120 + 8,
-            (torch.rand(1, 128, 128, 1, generator=generator) - 0.5) * 3,
-        ],
-        3,
-    )
+    n, _, h, w = SHAPE
+    features = torch.randn(*SHAPE, generator=generator)
+    centers = torch.rand(n, h, w, 2, generator=generator) * torch.tensor([h, w]) / SCALE
+    sizes = torch.rand(n, h, w, 2, generator=generator) * 120 + 8
+    boxes = torch.cat([centers, sizes, (torch.rand(n, h, w, 1, generator=generator) - 0.5) * 3], 3)
     feeds = {"features": features.numpy(), "best_rboxes": boxes.numpy()}
     for case, points in CASES.items():
         want = opbridge.rotated_feature_align(features, boxes, SCALE, points)
