@@ -5,8 +5,10 @@ numbers of boxes that change at run time."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -169,3 +171,51 @@ CONTRACT_CASES = {
         ),
     ],
 }
+
+
+class _MmdeployNMSRotated(torch.autograd.Function):
+    """Built as mmdeploy's ONNXNMSRotatedOp (mmdeploy/mmcv/ops/nms_rotated.py) builds it: a forward of per-batch,
+    per-class NMS rows (batch, class, box) and a symbolic writing mmdeploy::NMSRotated with float attributes."""
+
+    @staticmethod
+    def forward(ctx, boxes, scores, iou_threshold: float, score_threshold: float):
+        rows = []
+        for b in range(scores.shape[0]):
+            for c in range(scores.shape[1]):
+                valid = (scores[b, c] > score_threshold).nonzero().squeeze(1)
+                if len(valid):
+                    keep = valid[opbridge.nms_rotated(boxes[b, valid], scores[b, c, valid], iou_threshold)[1]]
+                    rows += [[b, c, int(k)] for k in keep]
+        return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
+
+    @staticmethod
+    def symbolic(g, boxes, scores, iou_threshold, score_threshold):
+        return g.op("mmdeploy::NMSRotated", boxes, scores, iou_threshold_f=float(iou_threshold),
+                    score_threshold_f=float(score_threshold))  # fmt: skip
+
+
+def test_mmdeploy_node_as_its_symbolic_writes_it(generator, tmp_path):
+    """mmdeploy's _multiclass_nms_rotated path (boxes [B, N, 5], scores [B, C, N]) exported by the TorchScript
+    exporter through its own symbolic, run by opbridge's library with other batch, class and box counts."""
+
+    class Multiclass(torch.nn.Module):
+        def forward(self, boxes, scores):
+            return _MmdeployNMSRotated.apply(boxes, scores, 0.1, 0.05)
+
+    def inputs(batch, classes, count):
+        boxes = torch.stack([_clusters(generator, count, torch.float32)[0] for _ in range(batch)])
+        return boxes, torch.rand(batch, classes, count, generator=generator)
+
+    path = tmp_path / "mmdeploy_nms.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Multiclass(), inputs(2, 3, 10), str(path), opset_version=11, dynamo=False,
+                          input_names=["boxes", "scores"], output_names=["keep_inds"],
+                          dynamic_axes={"boxes": {0: "b", 1: "n"}, "scores": {0: "b", 1: "c", 2: "n"}})  # fmt: skip
+    model = onnx.load(str(path))
+    assert [(n.domain, n.op_type) for n in model.graph.node] == [("mmdeploy", "NMSRotated")]
+    session = opbridge_ort.InferenceSession(str(path))
+    for batch, classes, count in ((2, 3, 10), (1, 5, 40), (3, 1, 0)):
+        boxes, scores = inputs(batch, classes, count)
+        (rows,) = session.run(None, {"boxes": boxes.numpy(), "scores": scores.numpy()})
+        assert rows.tolist() == Multiclass()(boxes, scores).tolist()

@@ -225,3 +225,43 @@ CONTRACT_CASES = {
         (lambda: opbridge.nn.RoIAlignRotated(7, 1.0, out_size=7), TypeError, ["not both"]),
     ],
 }
+
+
+class _MmdeployRoIAlignRotated(torch.autograd.Function):
+    """As mmdeploy's rewrite of mmcv's RoIAlignRotated symbolic (mmdeploy/mmcv/ops/roi_align_rotated.py): the node
+    mmdeploy::MMCVRoIAlignRotated with int attributes for the sizes and flags and a float scale; and as mmcv's own
+    symbolic, mmcv::MMCVRoIAlignRotated (which writes output_width = output_height: square outputs only)."""
+
+    @staticmethod
+    def forward(ctx, input, rois, domain: str, size, scale: float, ratio: int, aligned: bool, clockwise: bool):
+        return opbridge.roi_align_rotated(input, rois, size, scale, ratio, aligned, clockwise)
+
+    @staticmethod
+    def symbolic(g, input, rois, domain, size, scale, ratio, aligned, clockwise):
+        attributes = {"output_height_i": size[0], "output_width_i": size[1], "spatial_scale_f": scale,
+                      "sampling_ratio_i": ratio, "aligned_i": aligned, "clockwise_i": clockwise}  # fmt: skip
+        return g.op(f"{domain}::MMCVRoIAlignRotated", input, rois, **attributes)
+
+
+@pytest.mark.parametrize(("domain", "size"), [("mmdeploy", (7, 5)), ("mmcv", (7, 7))])
+def test_nodes_as_mmdeploy_and_mmcv_symbolics_write_them(generator, tmp_path, domain, size):
+    import warnings
+
+    import onnx
+
+    class Head(torch.nn.Module):
+        def forward(self, input, rois):
+            return _MmdeployRoIAlignRotated.apply(input, rois, domain, size, 0.25, 2, True, True)
+
+    path = tmp_path / f"{domain}.onnx"
+    args = (torch.randn(2, 4, 16, 16, generator=generator), _rois(generator, 5, 2, 64, 64, torch.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Head(), args, str(path), opset_version=11, dynamo=False, input_names=["input", "rois"],
+                          dynamic_axes={"input": {0: "n", 2: "h", 3: "w"}, "rois": {0: "k"}})  # fmt: skip
+    assert [(n.domain, n.op_type) for n in onnx.load(str(path)).graph.node] == [(domain, "MMCVRoIAlignRotated")]
+    session = opbridge_ort.InferenceSession(str(path))
+    for n, k, h in ((2, 5, 16), (1, 23, 10), (3, 0, 8)):
+        x, rois = torch.randn(n, 4, h, h, generator=generator), _rois(generator, k, n, 4 * h, 4 * h, torch.float32)
+        (got,) = session.run(None, {"input": x.numpy(), "rois": rois.numpy()})
+        np.testing.assert_allclose(got, Head()(x, rois).numpy(), atol=1e-5)
