@@ -237,5 +237,8 @@ for _mode, _build in (("bicubic", _bicubic), ("bilinear", _bilinear)):
             # torch's dynamo rule is wrong with align_corners or scale factors (its Resize takes ONNX's scale,
             # out / in, not torch's) and has no float64 kernel in ONNX Runtime
             dynamo_overrides_torch=True,
+            # torch 2.6's exporter translates the .vec overload (scale_factors) itself, undecomposed: without this
+            # entry its own (wrong) rule applied there
+            extra={"dynamo_overloads": ("vec",)},
         )
     )

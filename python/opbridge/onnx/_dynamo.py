@@ -68,4 +68,9 @@ def translation_table(lowering: str | None = None, opset_version: int = MIN_OPSE
         if spec.namespace in TORCH_TRANSLATES and lowering.kind == "standard" and not spec.dynamo_overrides_torch:
             continue  # torch's dynamo exporter has its own standard rule for the op (the mapping serves the legacy one)
         table[overload] = dynamo_translation(lowering.build, opset)
+        # Other overloads the same lowering reads, where an older torch hands them to the translator undecomposed.
+        for name in spec.extra.get("dynamo_overloads", ()):
+            other = getattr(overload.overloadpacket, name, None)
+            if other is not None:
+                table[other] = table[overload]
     return table
