@@ -63,3 +63,34 @@ def test_oriented_head_exports_and_runs_with_any_number_of_proposals(dynamo, ops
         np.testing.assert_allclose(dets, want_dets.numpy(), rtol=1e-5, atol=1e-5)
         kept.append(len(keep))
     assert kept[1] < 57 and kept[1] > 1  # NMS did suppress, and kept more than one object
+
+
+def test_torch_compile():
+    """The four ops under torch.compile (dynamic sizes): the wrappers' checks trace, the fake kernels answer, and
+    RoIAlign's and the feature alignment's backwards run; NMS's data-dependent size is captured as such."""
+    torch._dynamo.reset()
+    generator = torch.Generator().manual_seed(5)
+    features = torch.randn(1, 8, 32, 32, generator=generator, requires_grad=True)
+    proposals = _proposals(12, 4)
+    rois = torch.cat([torch.zeros(12, 1), proposals], 1)
+    boxes = torch.cat(
+        [torch.rand(1, 32, 32, 2, generator=generator) * 256, torch.rand(1, 32, 32, 3, generator=generator)], 3
+    )
+
+    def dense(features, rois, boxes):
+        aligned = opbridge.roi_align_rotated(features, rois, 7, 1 / 8, 2, True, True)
+        refined = opbridge.rotated_feature_align(features, boxes, 1 / 8, 5)
+        return aligned.sum() + refined.sum(), opbridge.box_iou_rotated(rois[:, 1:], rois[:, 1:])
+
+    compiled = torch.compile(dense, fullgraph=True, dynamic=True)
+    (loss, iou), (want_loss, want_iou) = compiled(features, rois, boxes), dense(features, rois, boxes)
+    torch.testing.assert_close(loss, want_loss)
+    torch.testing.assert_close(iou, want_iou)
+    (grad,) = torch.autograd.grad(loss, features)
+    (want_grad,) = torch.autograd.grad(want_loss, features)
+    torch.testing.assert_close(grad, want_grad)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        nms = torch.compile(lambda b, s: opbridge.nms_rotated(b, s, 0.2), fullgraph=True, dynamic=True)
+        scores = torch.rand(12, generator=generator)
+        for got, want in zip(nms(proposals, scores), opbridge.nms_rotated(proposals, scores, 0.2), strict=True):
+            torch.testing.assert_close(got, want)
