@@ -17,6 +17,7 @@ exporter it records onnxscript ops. ``b.opset`` is the opset being exported and
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -68,6 +69,47 @@ class _Shared:
     def reduce(self, op_type: str, value, axes: Sequence[int], keepdims: bool = False):
         """``Reduce<op_type>`` (Sum, Max, Min, ...) over ``axes``."""
         return self.with_axes(f"Reduce{op_type}", value, axes, keepdims=int(keepdims))
+
+    def cos_sin(self, angle):
+        """``(cos(angle), sin(angle))``. ONNX Runtime has float64 kernels of Cos and Sin only from 1.30: for a
+        float64 angle (opset >= 11) they are computed from Mul/Add/Round instead, to float64 precision on every
+        runtime: the angle reduced by multiples of pi/2 (pi/2 split in two parts, as Cody and Waite), Taylor
+        polynomials of degree 17 and 18 on [-pi/4, pi/4], the quadrant picked with Where."""
+        from ..specs import UnknownToExporter
+
+        try:
+            double = self.opset >= 11 and self.dtype(angle, "angle") == torch.float64
+        except UnknownToExporter:  # an exporter that does not know the dtype: the ONNX ops
+            double = False
+        if not double:
+            return self.op("Cos", angle), self.op("Sin", angle)
+
+        def c(value: float):
+            return self.constant_like(value, angle)
+
+        k = self.op("Round", self.op("Mul", angle, c(2 / math.pi)))
+        r = self.op("Sub", self.op("Sub", angle, self.op("Mul", k, c(1.5707963267341256))),
+                    self.op("Mul", k, c(6.077100506506192e-11)))  # fmt: skip
+        r2 = self.op("Mul", r, r)
+
+        def horner(coefficients):
+            out = c(coefficients[-1])
+            for value in reversed(coefficients[:-1]):
+                out = self.op("Add", self.op("Mul", out, r2), c(value))
+            return out
+
+        sin_r = self.op("Mul", r, horner([(-1) ** n / math.factorial(2 * n + 1) for n in range(9)]))
+        cos_r = horner([(-1) ** n / math.factorial(2 * n) for n in range(10)])
+        quadrant = self.op("Sub", k, self.op("Mul", self.op("Floor", self.op("Mul", k, c(0.25))), c(4.0)))  # 0..3
+
+        def pick(values):  # the value of quadrant 0, 1, 2, 3
+            out = values[3]
+            for q in (2, 1, 0):
+                out = self.op("Where", self.op("Equal", quadrant, c(float(q))), values[q], out)
+            return out
+
+        minus_sin, minus_cos = self.op("Neg", sin_r), self.op("Neg", cos_r)
+        return pick([cos_r, minus_sin, minus_cos, sin_r]), pick([sin_r, cos_r, minus_sin, minus_cos])
 
 
 class LegacyBuilder(_Shared):
