@@ -70,22 +70,23 @@ class _Shared:
         """``Reduce<op_type>`` (Sum, Max, Min, ...) over ``axes``."""
         return self.with_axes(f"Reduce{op_type}", value, axes, keepdims=int(keepdims))
 
-    def cos_sin(self, angle):
+    def cos_sin(self, angle, like=None):
         """``(cos(angle), sin(angle))``. ONNX Runtime has float64 kernels of Cos and Sin only from 1.30: for a
         float64 angle (opset >= 11) they are computed from Mul/Add/Round instead, to float64 precision on every
         runtime: the angle reduced by multiples of pi/2 (pi/2 split in two parts, as Cody and Waite), Taylor
-        polynomials of degree 17 and 18 on [-pi/4, pi/4], the quadrant picked with Where."""
+        polynomials of degree 17 and 18 on [-pi/4, pi/4], the quadrant picked with Where. ``like``: a value of the same
+        element type whose dtype the exporter knows (e.g. the op's input), where ``angle``'s is computed."""
         from ..specs import UnknownToExporter
 
         try:
-            double = self.opset >= 11 and self.dtype(angle, "angle") == torch.float64
+            double = self.opset >= 11 and self.dtype(angle if like is None else like, "angle") == torch.float64
         except UnknownToExporter:  # an exporter that does not know the dtype: the ONNX ops
             double = False
         if not double:
             return self.op("Cos", angle), self.op("Sin", angle)
 
         def c(value: float):
-            return self.constant_like(value, angle)
+            return self.constant_like(value, angle if like is None else like)
 
         k = self.op("Round", self.op("Mul", angle, c(2 / math.pi)))
         r = self.op("Sub", self.op("Sub", angle, self.op("Mul", k, c(1.5707963267341256))),
@@ -258,6 +259,16 @@ class DynamoBuilder(_Shared):
         return names[element.name]
 
     def constant_like(self, value: float, like):
+        """A scalar of ``like``'s element type: a float64 value keeps its precision where the dtype is known
+        (``value_float`` is float32)."""
+        from ..specs import UnknownToExporter
+
+        try:
+            dtype = self.dtype(like)
+        except UnknownToExporter:
+            dtype = None
+        if dtype == torch.float64:
+            return self.tensor(torch.tensor(value, dtype=torch.float64))
         return self._standard.CastLike(self._standard.Constant(value_float=float(value)), like)
 
     def constant(self, values: Sequence[int] | int):

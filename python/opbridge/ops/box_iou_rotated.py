@@ -129,7 +129,7 @@ def _standard(b, boxes1, boxes2, mode=0, aligned=False, clockwise=True):
         w, h, angle = column(boxes, 2), column(boxes, 3), column(boxes, 4)
         if not clockwise:
             angle = b.op("Neg", angle)
-        cos, sin = (b.unsqueeze(v, 1) for v in b.cos_sin(angle))
+        cos, sin = (b.unsqueeze(v, 1) for v in b.cos_sin(angle, like=boxes))
         ux = b.op("Mul", b.unsqueeze(w, 1), b.tensor(torch.tensor([[-0.5, 0.5, 0.5, -0.5]], dtype=b.dtype(boxes))))
         uy = b.op("Mul", b.unsqueeze(h, 1), b.tensor(torch.tensor([[-0.5, -0.5, 0.5, 0.5]], dtype=b.dtype(boxes))))
         x = b.op("Sub", b.op("Mul", cos, ux), b.op("Mul", sin, uy))

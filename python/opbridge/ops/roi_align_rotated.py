@@ -295,7 +295,7 @@ def _standard(
     if not a["aligned"]:
         w, h = b.op("Max", w, const(1.0)), b.op("Max", h, const(1.0))
     theta = b.op("Neg", column(5)) if a["clockwise"] else column(5)
-    cos, sin = b.cos_sin(theta)
+    cos, sin = b.cos_sin(theta, like=rois)
 
     def axis(length, pooled: int):
         """Offsets from the roi's center along one axis, [K, pooled, G], the grid sizes [K] and the mask [K, 1, G]

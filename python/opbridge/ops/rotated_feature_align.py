@@ -156,7 +156,7 @@ def _standard(b, features, best_rboxes, spatial_scale, points=1):
     ys, xs = [y], [x]
     if count == 5:
         w, h = b.op("Mul", field(2), const(scale / 2)), b.op("Mul", field(3), const(scale / 2))
-        cos, sin = b.cos_sin(field(4))
+        cos, sin = b.cos_sin(field(4), like=best_rboxes)
         wx, wy = b.op("Mul", cos, w), b.op("Mul", sin, w)
         hx, hy = b.op("Neg", b.op("Mul", sin, h)), b.op("Mul", cos, h)
         for sign_w, sign_h in ((1, 1), (-1, 1), (-1, -1), (1, -1)):
