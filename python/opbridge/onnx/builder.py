@@ -71,15 +71,23 @@ class _Shared:
         return self.with_axes(f"Reduce{op_type}", value, axes, keepdims=int(keepdims))
 
     def cos_sin(self, angle, like=None):
-        """``(cos(angle), sin(angle))``. ONNX Runtime has float64 kernels of Cos and Sin only from 1.30: for a
-        float64 angle (opset >= 11) they are computed from Mul/Add/Round instead, to float64 precision on every
+        """``(cos(angle), sin(angle))``.
+
+        ONNX Runtime has float64 kernels of Cos and Sin only from 1.30. For a float64 angle (opset >= 11) the
+        TorchScript-based exporter's graph computes them from Mul/Add/Round instead, to float64 precision on every
         runtime: the angle reduced by multiples of pi/2 (pi/2 split in two parts, as Cody and Waite), Taylor
-        polynomials of degree 17 and 18 on [-pi/4, pi/4], the quadrant picked with Where. ``like``: a value of the same
-        element type whose dtype the exporter knows (e.g. the op's input), where ``angle``'s is computed."""
+        polynomials of degree 17 and 18 on [-pi/4, pi/4], the quadrant picked with Where. The dynamo exporter's graph
+        optimizer reassociates that arithmetic (errors up to 3e-10): there the ONNX ops, which need ONNX Runtime
+        >= 1.30 in float64. ``like``: a value of the same element type whose dtype the exporter knows (e.g. the op's
+        input), where ``angle``'s is computed."""
         from ..specs import UnknownToExporter
 
         try:
-            double = self.opset >= 11 and self.dtype(angle if like is None else like, "angle") == torch.float64
+            double = (
+                self.exporter == "legacy"
+                and self.opset >= 11
+                and self.dtype(angle if like is None else like, "angle") == torch.float64
+            )
         except UnknownToExporter:  # an exporter that does not know the dtype: the ONNX ops
             double = False
         if not double:

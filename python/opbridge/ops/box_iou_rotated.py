@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .. import _checks, specs
+from .roi_align_rotated import float64_cos_gap
 
 __all__ = ["box_iou_rotated"]
 NN_MODULES: list[str] = []
@@ -340,6 +341,7 @@ SPEC = specs.register(
         operand_kinds=tuple(_KINDS),
         input_names=("boxes1", "boxes2"),
         reference=reference,
+        known_gaps=float64_cos_gap,
         tolerances={"float32": (1e-4, 1e-5)},
     )
 )

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .. import _checks, specs
 from ..specs import LoweringError
-from .roi_align_rotated import Bilinear, _bilinear
+from .roi_align_rotated import Bilinear, _bilinear, float64_cos_gap
 
 __all__ = ["rotated_feature_align"]
 NN_MODULES: list[str] = []
@@ -257,5 +257,6 @@ SPEC = specs.register(
         operand_kinds=tuple(_KINDS),
         input_names=("features", "best_rboxes"),
         reference=reference,
+        known_gaps=float64_cos_gap,
     )
 )
