@@ -40,7 +40,6 @@ def rois(count: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
 
 def vectorized(features: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
     """mmcv's definition with tensors (aligned, counter-clockwise, a fixed sampling ratio)."""
-    _, c, h, w = features.shape
     ph, pw = SIZE
     cx, cy = rois[:, 1] * SCALE - 0.5, rois[:, 2] * SCALE - 0.5
     rw, rh, theta = rois[:, 3] * SCALE, rois[:, 4] * SCALE, rois[:, 5]
@@ -51,6 +50,15 @@ def vectorized(features: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
     cos, sin = theta.cos()[:, None, None, None, None], theta.sin()[:, None, None, None, None]
     y = yy * cos - xx * sin + cy[:, None, None, None, None]
     x = yy * sin + xx * cos + cx[:, None, None, None, None]
+    out = gather_bilinear(features, rois[:, 0].long()[:, None, None, None, None], y, x)
+    return (out.sum((2, 4)) / (RATIO * RATIO)).permute(0, 3, 1, 2)
+
+
+def gather_bilinear(features: torch.Tensor, batch: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """mmcv's bilinear samples of ``features [N, C, H, W]`` at positions ``y, x`` of any shape (with ``batch``
+    broadcasting against them): ``[..., C]``, four corner gathers from channels-last rows. Shared with
+    rotated_feature_align's baseline."""
+    _, c, h, w = features.shape
     inside = (y >= -1) & (y <= h) & (x >= -1) & (x <= w)
     y, x = y.clamp(min=0), x.clamp(min=0)
     y0, x0 = y.floor().clamp(max=h - 1), x.floor().clamp(max=w - 1)
@@ -58,17 +66,11 @@ def vectorized(features: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
     y1, x1 = (y0 + 1).clamp(max=h - 1), (x0 + 1).clamp(max=w - 1)
     ly, lx = y - y0, x - x0
     rows = features.permute(0, 2, 3, 1).reshape(-1, c)
-    base = rois[:, 0].long()[:, None, None, None, None] * h * w
     out = 0
-    for cy_, cx_, weight in (
-        (y0, x0, (1 - ly) * (1 - lx)),
-        (y0, x1, (1 - ly) * lx),
-        (y1, x0, ly * (1 - lx)),
-        (y1, x1, ly * lx),
-    ):
-        index = base + cy_.long() * w + cx_.long()
-        out = out + rows[index] * (weight * inside)[..., None]
-    return (out.sum((2, 4)) / (RATIO * RATIO)).permute(0, 3, 1, 2)
+    for cy, cx, weight in ((y0, x0, (1 - ly) * (1 - lx)), (y0, x1, (1 - ly) * lx), (y1, x0, ly * (1 - lx)),
+                           (y1, x1, ly * lx)):  # fmt: skip
+        out = out + rows[batch * h * w + cy.long() * w + cx.long()] * (weight * inside)[..., None]
+    return out
 
 
 class _Model(torch.nn.Module):

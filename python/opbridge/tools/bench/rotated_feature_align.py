@@ -16,6 +16,7 @@ import torch
 import opbridge
 
 from . import Bench, Target, check_close, checked_run, ort_session
+from .roi_align_rotated import gather_bilinear
 
 CASES = {"C256 128x128 5 points": 5, "C256 128x128 1 point": 1}
 TARGETS = [Target("torch_op", "torch_vectorized", None), Target("ort_custom", "ort_standard", None)]
@@ -24,7 +25,7 @@ SHAPE = (1, 256, 128, 128)  # N, C, H, W
 
 
 def vectorized(features: torch.Tensor, boxes: torch.Tensor, points: int) -> torch.Tensor:
-    n, c, h, w = features.shape
+    n = features.shape[0]
     y, x = boxes[..., 0] * SCALE, boxes[..., 1] * SCALE
     ys, xs = [y], [x]
     if points == 5:
@@ -34,22 +35,7 @@ def vectorized(features: torch.Tensor, boxes: torch.Tensor, points: int) -> torc
             ys.append(y + sw * wy + sh * hy)
             xs.append(x + sw * wx + sh * hx)
     y, x = torch.stack(ys, -1), torch.stack(xs, -1)  # [N, H, W, P]
-    inside = (y >= -1) & (y <= h) & (x >= -1) & (x <= w)
-    y, x = y.clamp(min=0), x.clamp(min=0)
-    y0, x0 = y.floor().clamp(max=h - 1), x.floor().clamp(max=w - 1)
-    y, x = torch.where(y0 >= h - 1, y0, y), torch.where(x0 >= w - 1, x0, x)
-    y1, x1 = (y0 + 1).clamp(max=h - 1), (x0 + 1).clamp(max=w - 1)
-    ly, lx = y - y0, x - x0
-    rows = features.permute(0, 2, 3, 1).reshape(-1, c)
-    base = torch.arange(n)[:, None, None, None] * h * w
-    out = 0
-    for cy, cx, weight in (
-        (y0, x0, (1 - ly) * (1 - lx)),
-        (y0, x1, (1 - ly) * lx),
-        (y1, x0, ly * (1 - lx)),
-        (y1, x1, ly * lx),
-    ):
-        out = out + rows[base + cy.long() * w + cx.long()] * (weight * inside)[..., None]
+    out = gather_bilinear(features, torch.arange(n)[:, None, None, None], y, x)
     return features + out.sum(3).permute(0, 3, 1, 2)
 
 
