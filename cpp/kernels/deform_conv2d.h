@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/broadcast.h"
+#include "kernels/device.h"
 
 namespace opbridge::kernels {
 
@@ -167,12 +168,20 @@ inline Status check_deform_conv2d(const DeformConv2dNames& names, const std::vec
   return {};
 }
 
+// Where kernel tap (i, j) of output pixel (oy, ox) samples the input, moved by its learned offset (dy, dx).
+template <class T>
+OPBRIDGE_HD inline void deform_conv2d_position(const DeformConv2dShape& s, int64_t oy, int64_t ox, int64_t i,
+                                               int64_t j, T dy, T dx, T& y, T& x) {
+  y = T(oy * s.stride_h - s.pad_top + i * s.dilation_h) + dy;
+  x = T(ox * s.stride_w - s.pad_left + j * s.dilation_w) + dx;
+}
+
 // The weighted sum of four neighbour rows, out[c] = ((w0 r0[c] + w1 r1[c]) +
 // w2 r2[c]) + w3 r3[c], times `scale` when `scaled` (the mask): the inner loop of
 // the sampling, contiguous over channels, cloned for AVX-512/AVX2 and chosen at
 // run time. Same operations in the same order in every clone (no fused
 // multiply-adds, see the build flags): results do not depend on the CPU.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #define OPBRIDGE_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define OPBRIDGE_VECTOR_CLONES
@@ -213,8 +222,8 @@ void deformable_im2col_block(const T* input_hwc, const T* zeros, const T* offset
       for (int64_t tap = 0; tap < taps; ++tap) {
         const int64_t i = tap / s.kernel_w, j = tap % s.kernel_w;
         const T* dy = offset + (og * taps + tap) * 2 * pixels;
-        const T y = T(oy * s.stride_h - s.pad_top + i * s.dilation_h) + dy[p];
-        const T x = T(ox * s.stride_w - s.pad_left + j * s.dilation_w) + dy[pixels + p];
+        T y, x;
+        deform_conv2d_position(s, oy, ox, i, j, dy[p], dy[pixels + p], y, x);
         const T* rows[4] = {zeros, zeros, zeros, zeros};
         T w[4] = {T(0), T(0), T(0), T(0)};
         if (y > T(-1) && y < T(s.height) && x > T(-1) && x < T(s.width)) {  // also rejects NaN

@@ -39,7 +39,7 @@ struct BilinearPoint {
   T ly = 0, lx = 0;
   bool corner[4] = {false, false, false, false};  // (low, low), (low, high), (high, low), (high, high)
 
-  BilinearPoint(T y, T x, int64_t height, int64_t width) {
+  OPBRIDGE_HD BilinearPoint(T y, T x, int64_t height, int64_t width) {
     if (!(y > T(-1) && y < T(height) && x > T(-1) && x < T(width))) return;  // also rejects NaN
     inside = true;
     y_low = y >= T(0) ? static_cast<int64_t>(y) : -1;
@@ -49,19 +49,37 @@ struct BilinearPoint {
     corner[0] = top && left, corner[1] = top && right, corner[2] = bottom && left, corner[3] = bottom && right;
   }
 
-  int64_t index(int corner_index, int64_t width) const {
+  OPBRIDGE_HD int64_t index(int corner_index, int64_t width) const {
     return (y_low + corner_index / 2) * width + x_low + corner_index % 2;
   }
 
-  T weight(int corner_index) const {
+  OPBRIDGE_HD T weight(int corner_index) const {
     const T wy = corner_index / 2 ? ly : T(1) - ly, wx = corner_index % 2 ? lx : T(1) - lx;
     return wy * wx;
   }
 
-  // The four corner values (zero outside the image), then value and derivatives.
-  void values(const T* plane, int64_t width, T v[4]) const {
+  // The four corner values (zero outside the image).
+  OPBRIDGE_HD void values(const T* plane, int64_t width, T v[4]) const {
     for (int corner_index = 0; corner_index < 4; ++corner_index)
       v[corner_index] = corner[corner_index] ? plane[index(corner_index, width)] : T(0);
+  }
+
+  // The sample's value from its corner values (zero outside).
+  OPBRIDGE_HD T value(const T v[4]) const {
+    T sum = T(0);
+    if (inside) {
+      for (int corner_index = 0; corner_index < 4; ++corner_index) sum += weight(corner_index) * v[corner_index];
+    }
+    return sum;
+  }
+
+  // Adds one channel's terms of the gradients of y, x and the mask, given that channel's column gradient g
+  // and corner values v (the sample must be inside).
+  OPBRIDGE_HD void add_gradients(const T v[4], T g, T& grad_y, T& grad_x, T& grad_mask) const {
+    const T hy = T(1) - ly, hx = T(1) - lx;
+    grad_y += g * (hx * (v[2] - v[0]) + lx * (v[3] - v[1]));
+    grad_x += g * (hy * (v[1] - v[0]) + ly * (v[3] - v[2]));
+    grad_mask += g * (hy * hx * v[0] + hy * lx * v[1] + ly * hx * v[2] + ly * lx * v[3]);
   }
 };
 
@@ -115,8 +133,8 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
     auto position = [&](int64_t og, int64_t k, int64_t p) {
       const int64_t oy = p / s.out_w, ox = p % s.out_w, i = k / s.kernel_w, j = k % s.kernel_w;
       const T* dy = image_offset + (og * taps + k) * 2 * pixels;
-      const T y = T(oy * s.stride_h - s.pad_top + i * s.dilation_h) + dy[p];
-      const T x = T(ox * s.stride_w - s.pad_left + j * s.dilation_w) + dy[pixels + p];
+      T y, x;
+      deform_conv2d_position(s, oy, ox, i, j, dy[p], dy[pixels + p], y, x);
       return BilinearPoint<T>(y, x, s.height, s.width);
     };
     auto mask_at = [&](int64_t og, int64_t k, int64_t p) {
@@ -139,11 +157,7 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
       for (int64_t c = og * per_offset_group; c < (og + 1) * per_offset_group; ++c) {
         T v[4];
         point.values(image + c * plane, s.width, v);
-        T value = T(0);
-        if (point.inside) {
-          for (int corner = 0; corner < 4; ++corner) value += point.weight(corner) * v[corner];
-        }
-        columns[(c * taps + k) * pixels + p] = value * m;
+        columns[(c * taps + k) * pixels + p] = point.value(v) * m;
       }
     });
     parallel_for(s.out_channels, [&](int64_t o) {
@@ -190,14 +204,10 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
     for_each_sample([&](int64_t og, int64_t k, int64_t p, const BilinearPoint<T>& point, T m) {
       T grad_y = T(0), grad_x = T(0), grad_m = T(0);
       if (point.inside) {
-        const T hy = T(1) - point.ly, hx = T(1) - point.lx;
         for (int64_t c = og * per_offset_group; c < (og + 1) * per_offset_group; ++c) {
-          const T g = grad_columns[(c * taps + k) * pixels + p];
           T v[4];
           point.values(image + c * plane, s.width, v);
-          grad_y += g * (hx * (v[2] - v[0]) + point.lx * (v[3] - v[1]));
-          grad_x += g * (hy * (v[1] - v[0]) + point.ly * (v[3] - v[2]));
-          grad_m += g * (hy * hx * v[0] + hy * point.lx * v[1] + point.ly * hx * v[2] + point.ly * point.lx * v[3]);
+          point.add_gradients(v, grad_columns[(c * taps + k) * pixels + p], grad_y, grad_x, grad_m);
         }
       }
       image_grad_offset[(og * taps + k) * 2 * pixels + p] = grad_y * m;

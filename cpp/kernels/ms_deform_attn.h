@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/broadcast.h"
+#include "kernels/device.h"
 
 namespace opbridge::kernels {
 
@@ -124,7 +125,7 @@ struct MSDeformAttnSample {
 };
 
 template <class T>
-inline MSDeformAttnSample<T> ms_deform_attn_sample(T loc_x, T loc_y, int64_t height, int64_t width, int64_t start) {
+OPBRIDGE_HD inline MSDeformAttnSample<T> ms_deform_attn_sample(T loc_x, T loc_y, int64_t height, int64_t width, int64_t start) {
   MSDeformAttnSample<T> s;
   const T x = loc_x * static_cast<T>(width) - T(0.5), y = loc_y * static_cast<T>(height) - T(0.5);
   if (!(x > T(-1) && y > T(-1) && x < static_cast<T>(width) && y < static_cast<T>(height))) return s;  // NaN: out
@@ -152,6 +153,21 @@ inline MSDeformAttnSample<T> ms_deform_attn_sample(T loc_x, T loc_y, int64_t hei
   s.weight[3] = s.inside[3] ? s.low_y * s.low_x : T(0);
   s.any = true;  // inside (-1, W) x (-1, H) at least one corner is on the map
   return s;
+}
+
+// One sample's gradients of its attention weight and location, from dots[c] = g . v_c (the output gradient
+// times corner c's value row; zero for a corner off the map) and its attention weight a.
+template <class T>
+OPBRIDGE_HD inline void ms_deform_attn_sample_grads(const MSDeformAttnSample<T>& sample, const T dots[4], T a,
+                                                    int64_t height, int64_t width, T& grad_attn, T& grad_x,
+                                                    T& grad_y) {
+  grad_attn = sample.weight[0] * dots[0] + sample.weight[1] * dots[1] + sample.weight[2] * dots[2] +
+              sample.weight[3] * dots[3];
+  // d(sample)/dx = hy * (v01 - v00) + ly * (v11 - v10); x = loc_x * W - 0.5.
+  const T dx = sample.high_y * (dots[1] - dots[0]) + sample.low_y * (dots[3] - dots[2]);
+  const T dy = sample.high_x * (dots[2] - dots[0]) + sample.low_x * (dots[3] - dots[1]);
+  grad_x = a * dx * static_cast<T>(width);
+  grad_y = a * dy * static_cast<T>(height);
 }
 
 // Queries per forward task: enough work to amortize the scheduling.
@@ -269,13 +285,9 @@ void ms_deform_attn_backward(const T* grad_out, const T* value, const int64_t* s
           dot2 = sample.inside[2] ? dot2 : T(0);
           dot3 = sample.inside[3] ? dot3 : T(0);
           const T a = attn[i];
-          grad_attn[i] =
-              sample.weight[0] * dot0 + sample.weight[1] * dot1 + sample.weight[2] * dot2 + sample.weight[3] * dot3;
-          // d(sample)/dx = hy * (v01 - v00) + ly * (v11 - v10); x = loc_x * W - 0.5.
-          const T dx = sample.high_y * (dot1 - dot0) + sample.low_y * (dot3 - dot2);
-          const T dy = sample.high_x * (dot2 - dot0) + sample.low_x * (dot3 - dot1);
-          grad_loc[2 * i] = a * dx * static_cast<T>(width);
-          grad_loc[2 * i + 1] = a * dy * static_cast<T>(height);
+          const T dots[4] = {dot0, dot1, dot2, dot3};
+          ms_deform_attn_sample_grads(sample, dots, a, height, width, grad_attn[i], grad_loc[2 * i],
+                                      grad_loc[2 * i + 1]);
           const T w0 = a * sample.weight[0], w1 = a * sample.weight[1], w2 = a * sample.weight[2],
                   w3 = a * sample.weight[3];
           T* __restrict g0 = gr[0];

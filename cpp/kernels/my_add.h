@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/broadcast.h"
+#include "kernels/device.h"
 
 namespace opbridge::kernels {
 
@@ -26,23 +27,28 @@ struct OpMath<float16> {
 };
 #endif
 
+// One element: 2 * a + b in Acc (float for half precision), rounded once to T. The CPU rows below and the CUDA
+// kernel (cpp/cuda/my_add.cu) compute it.
+template <class T, class Acc = typename OpMath<T>::type>
+OPBRIDGE_HD inline T my_add_one(T a, T b) {
+  return T(Acc(2) * Acc(a) + Acc(b));
+}
+
 // One row segment. The unit-stride and broadcast-scalar cases are separate
 // loops so that each is a plain loop the compiler vectorizes.
 template <class T>
 inline void my_add_row(const T* __restrict a, int64_t a_stride, const T* __restrict b, int64_t b_stride,
                        T* __restrict out, int64_t length) {
-  using Acc = typename OpMath<T>::type;
-  const Acc two = Acc(2);
   if (a_stride == 1 && b_stride == 1) {
-    for (int64_t i = 0; i < length; ++i) out[i] = T(two * Acc(a[i]) + Acc(b[i]));
+    for (int64_t i = 0; i < length; ++i) out[i] = my_add_one(a[i], b[i]);
   } else if (a_stride == 0 && b_stride == 1) {
-    const Acc twice_a = two * Acc(a[0]);
-    for (int64_t i = 0; i < length; ++i) out[i] = T(twice_a + Acc(b[i]));
+    const T a_value = a[0];
+    for (int64_t i = 0; i < length; ++i) out[i] = my_add_one(a_value, b[i]);
   } else if (a_stride == 1 && b_stride == 0) {
-    const Acc b_value = Acc(b[0]);
-    for (int64_t i = 0; i < length; ++i) out[i] = T(two * Acc(a[i]) + b_value);
+    const T b_value = b[0];
+    for (int64_t i = 0; i < length; ++i) out[i] = my_add_one(a[i], b_value);
   } else {
-    for (int64_t i = 0; i < length; ++i) out[i] = T(two * Acc(a[i * a_stride]) + Acc(b[i * b_stride]));
+    for (int64_t i = 0; i < length; ++i) out[i] = my_add_one(a[i * a_stride], b[i * b_stride]);
   }
 }
 

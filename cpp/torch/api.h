@@ -28,6 +28,8 @@ namespace opbridge::api {
 //   std::vector<int64_t> sizes(const Tensor&), strides(const Tensor&)
 //   bool is_cpu(const Tensor&), is_strided(const Tensor&); std::string device_name(const Tensor&)
 //   Tensor empty(shape, dtype), zeros(shape, dtype)   (CPU, contiguous)
+//   bool same_device(a, b); int32_t device_index(t); Tensor to_cpu(t)
+//   Tensor empty_on(shape, dtype, like), zeros_on(shape, dtype, like)   (contiguous, on like's device)
 //   Tensor contiguous(const Tensor&), to(const Tensor&, ScalarType)
 //   void parallel_for(int64_t tasks, task)   task(t) for t in [0, tasks), on torch's intra-op threads
 //   gemm<T>()   c[m, n] = a[m, k] * b[n, k]^T through torch's BLAS, on the calling thread

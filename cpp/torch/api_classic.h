@@ -26,6 +26,16 @@ inline bool is_cpu(const Tensor& tensor) { return tensor.device().is_cpu(); }
 inline bool is_strided(const Tensor& tensor) { return tensor.layout() == at::kStrided; }
 inline std::string device_name(const Tensor& tensor) { return tensor.device().str(); }
 
+inline bool same_device(const Tensor& a, const Tensor& b) { return a.device() == b.device(); }
+inline int32_t device_index(const Tensor& tensor) { return tensor.device().index(); }
+inline Tensor empty_on(const std::vector<int64_t>& shape, ScalarType dtype, const Tensor& like) {
+  return at::empty(shape, like.options().dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
+}
+inline Tensor zeros_on(const std::vector<int64_t>& shape, ScalarType dtype, const Tensor& like) {
+  return at::zeros(shape, like.options().dtype(dtype));
+}
+inline Tensor to_cpu(const Tensor& tensor) { return tensor.cpu(); }
+
 inline Tensor empty(const std::vector<int64_t>& shape, ScalarType dtype) {
   return at::empty(shape, at::TensorOptions().dtype(dtype).memory_format(at::MemoryFormat::Contiguous));
 }

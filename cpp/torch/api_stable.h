@@ -48,6 +48,23 @@ inline std::string device_name(const Tensor& tensor) {
   }
 }
 
+inline bool same_device(const Tensor& a, const Tensor& b) { return a.device() == b.device(); }
+inline int32_t device_index(const Tensor& tensor) { return tensor.device().index(); }
+
+// A contiguous tensor on the device of `like` (the CUDA adapters' outputs and buffers).
+inline Tensor empty_on(const std::vector<int64_t>& shape, ScalarType dtype, const Tensor& like) {
+  return torch::stable::empty(shape, dtype, std::nullopt, like.device(), std::nullopt,
+                              torch::headeronly::MemoryFormat::Contiguous);
+}
+inline Tensor zeros_on(const std::vector<int64_t>& shape, ScalarType dtype, const Tensor& like) {
+  auto tensor = empty_on(shape, dtype, like);
+  torch::stable::zero_(tensor);
+  return tensor;
+}
+inline Tensor to_cpu(const Tensor& tensor) {
+  return tensor.is_cpu() ? tensor : torch::stable::to(tensor, torch::stable::Device(torch::headeronly::DeviceType::CPU));
+}
+
 inline Tensor empty(const std::vector<int64_t>& shape, ScalarType dtype) {
   return torch::stable::empty(shape, dtype, std::nullopt, torch::stable::Device(torch::headeronly::DeviceType::CPU),
                               std::nullopt, torch::headeronly::MemoryFormat::Contiguous);
@@ -68,22 +85,29 @@ void parallel_for(int64_t tasks, const F& task) {
   });
 }
 
-// torch's BLAS through the dispatcher (aten::mm.out on views of the caller's memory; the stable surface of 2.10
-// has matmul, which would allocate its result and need a copy). Inside a parallel region it runs on the calling
-// thread. c[m, n] = a[m, k] * b[n, k]^T.
+// c[m, n] = a[m, k] . b[k, n] on `device` through torch's matmul (aten::mm.out on views of the caller's memory:
+// the stable surface of 2.10 has matmul, which would allocate its result and need a copy), each operand given by
+// its (row, column) strides, so transposed operands cost nothing. On the CPU, inside a parallel region, it runs
+// on the calling thread; on CUDA it runs on torch's current stream.
+template <class T>
+void mm_out(torch::stable::Device device, int64_t m, int64_t n, int64_t k, const T* a, int64_t a_row, int64_t a_col,
+            const T* b, int64_t b_row, int64_t b_col, T* c, int64_t c_row) {
+  constexpr auto dtype = std::is_same_v<T, float> ? ScalarType::Float : ScalarType::Double;
+  const int64_t a_shape[] = {m, k}, a_strides[] = {a_row, a_col}, b_shape[] = {k, n}, b_strides[] = {b_row, b_col};
+  const int64_t c_shape[] = {m, n}, c_strides[] = {c_row, 1};
+  std::array<StableIValue, 3> stack{
+      torch::stable::detail::from(torch::stable::from_blob(const_cast<T*>(a), a_shape, a_strides, device, dtype)),
+      torch::stable::detail::from(torch::stable::from_blob(const_cast<T*>(b), b_shape, b_strides, device, dtype)),
+      torch::stable::detail::from(torch::stable::from_blob(c, c_shape, c_strides, device, dtype))};
+  TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::mm", "out", stack.data(), TORCH_ABI_VERSION));
+  (void)torch::stable::detail::to<Tensor>(stack[0]);  // releases the returned reference to c
+}
+
+// torch's CPU BLAS: c[m, n] = a[m, k] * b[n, k]^T, row-major with leading dimensions.
 template <class T>
 auto gemm() {
   return [](int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
-    constexpr auto dtype = std::is_same_v<T, float> ? ScalarType::Float : ScalarType::Double;
-    const torch::stable::Device cpu(torch::headeronly::DeviceType::CPU);
-    const int64_t a_shape[] = {m, k}, a_strides[] = {lda, 1}, b_shape[] = {k, n}, b_strides[] = {1, ldb};
-    const int64_t c_shape[] = {m, n}, c_strides[] = {ldc, 1};
-    std::array<StableIValue, 3> stack{
-        torch::stable::detail::from(torch::stable::from_blob(const_cast<T*>(a), a_shape, a_strides, cpu, dtype)),
-        torch::stable::detail::from(torch::stable::from_blob(const_cast<T*>(b), b_shape, b_strides, cpu, dtype)),
-        torch::stable::detail::from(torch::stable::from_blob(c, c_shape, c_strides, cpu, dtype))};
-    TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::mm", "out", stack.data(), TORCH_ABI_VERSION));
-    (void)torch::stable::detail::to<Tensor>(stack[0]);  // releases the returned reference to c
+    mm_out(torch::stable::Device(torch::headeronly::DeviceType::CPU), m, n, k, a, lda, 1, b, 1, ldb, c, ldc);
   };
 }
 
@@ -92,4 +116,5 @@ auto gemm() {
 #define OPBRIDGE_FAIL(message) throw std::runtime_error(message)
 #define OPBRIDGE_LIBRARY_FRAGMENT(m) STABLE_TORCH_LIBRARY_FRAGMENT(opbridge, m)
 #define OPBRIDGE_LIBRARY_IMPL_CPU(m) STABLE_TORCH_LIBRARY_IMPL(opbridge, CPU, m)
+#define OPBRIDGE_LIBRARY_IMPL_CUDA(m) STABLE_TORCH_LIBRARY_IMPL(opbridge, CUDA, m)
 #define OPBRIDGE_IMPL(m, name, function) m.impl(name, TORCH_BOX(&function))

@@ -7,6 +7,7 @@
 #include "kernels/deform_conv2d.h"
 #include "kernels/deform_conv2d_backward.h"
 #include "torch/api.h"
+#include "torch/deform_conv2d.h"
 
 OPBRIDGE_LIBRARY_FRAGMENT(m) {
   m.def(
@@ -22,71 +23,18 @@ OPBRIDGE_LIBRARY_FRAGMENT(m) {
 namespace opbridge {
 namespace {
 
-constexpr kernels::DeformConv2dNames kNames{"opbridge::deform_conv2d", "input", "weight", "offset", "mask", "bias"};
-
 using api::IntList;
 using api::Shape;
 using api::Tensor;
-
-std::vector<int64_t> to_vector(IntList values) { return {values.begin(), values.end()}; }
-
-// Checks dtypes, devices and shapes (messages name the op, the argument and the expectation) and
-// returns the kernel's shape.
-kernels::DeformConv2dShape checked_shape(const Tensor& input, const Tensor& offset, const Tensor& weight,
-                                         const std::optional<Tensor>& bias, IntList stride, IntList padding,
-                                         IntList dilation, const std::optional<Tensor>& mask) {
-  OPBRIDGE_CHECK(api::is_cpu(input), "opbridge::deform_conv2d: input must be on the CPU, got ",
-                 api::device_name(input));
-  const auto dtype = input.scalar_type();
-  OPBRIDGE_CHECK(dtype == api::ScalarType::Float || dtype == api::ScalarType::Double,
-                 "opbridge::deform_conv2d: expected float32 or float64 tensors, got input of dtype ",
-                 api::dtype_name(dtype));
-  std::vector<std::pair<const char*, const Tensor*>> tensors{{"offset", &offset}, {"weight", &weight}};
-  if (bias) tensors.emplace_back("bias", &*bias);
-  if (mask) tensors.emplace_back("mask", &*mask);
-  for (const auto& [name, tensor] : tensors) {
-    OPBRIDGE_CHECK(tensor->scalar_type() == dtype, "opbridge::deform_conv2d: ", name, " must have the dtype of input (",
-                   api::dtype_name(dtype), "), got ", api::dtype_name(tensor->scalar_type()));
-    OPBRIDGE_CHECK(api::is_cpu(*tensor), "opbridge::deform_conv2d: ", name, " must be on the CPU, got ",
-                   api::device_name(*tensor));
-  }
-  OPBRIDGE_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
-                 "opbridge::deform_conv2d: stride, padding and dilation need 2 values each");
-  OPBRIDGE_CHECK(weight.dim() == 4 && offset.dim() == 4,
-                 "opbridge::deform_conv2d: weight and offset must be 4-D, got weight of shape ", api::shape_of(weight),
-                 " and offset of shape ", api::shape_of(offset));
-  OPBRIDGE_CHECK(weight.size(1) > 0 && weight.size(2) > 0 && weight.size(3) > 0,
-                 "opbridge::deform_conv2d: weight must have positive in_channels / groups and kernel size, got shape ",
-                 api::shape_of(weight));
-  OPBRIDGE_CHECK(input.dim() != 4 || input.size(1) % weight.size(1) == 0,
-                 "opbridge::deform_conv2d: weight.shape[1] (in_channels / groups = ", weight.size(1),
-                 ") must divide the ", input.dim() == 4 ? input.size(1) : 0, " channels of input; got input of shape ",
-                 api::shape_of(input), " and weight of shape ", api::shape_of(weight));
-  const int64_t taps = weight.size(2) * weight.size(3);
-  OPBRIDGE_CHECK(offset.size(1) % (2 * taps) == 0, "opbridge::deform_conv2d: offset.shape[1] (", offset.size(1),
-                 ") must be a multiple of 2 * kernel_h * kernel_w = ", 2 * taps);
-
-  kernels::DeformConv2dAttributes attributes;
-  attributes.strides = to_vector(stride);
-  attributes.dilations = to_vector(dilation);
-  attributes.pads = {padding[0], padding[1], padding[0], padding[1]};
-  attributes.groups = input.dim() == 4 ? input.size(1) / weight.size(1) : 1;
-  attributes.offset_groups = offset.size(1) / (2 * taps);
-  kernels::DeformConv2dShape shape;
-  const auto bias_shape = bias ? api::sizes(*bias) : std::vector<int64_t>{};
-  const auto mask_shape = mask ? api::sizes(*mask) : std::vector<int64_t>{};
-  const auto status =
-      kernels::check_deform_conv2d(kNames, api::sizes(input), api::sizes(weight), api::sizes(offset),
-                                   mask ? &mask_shape : nullptr, bias ? &bias_shape : nullptr, attributes, shape);
-  OPBRIDGE_CHECK(status.ok(), status.message);
-  return shape;
-}
+using deform_conv2d_op::checked_shape;
 
 const auto parallel_for = [](int64_t tasks, const auto& task) { api::parallel_for(tasks, task); };
 
 Tensor deform_conv2d_cpu(const Tensor& input, const Tensor& offset, const Tensor& weight,
                          const std::optional<Tensor>& bias, IntList stride, IntList padding, IntList dilation,
                          const std::optional<Tensor>& mask) {
+  OPBRIDGE_CHECK(api::is_cpu(input), "opbridge::deform_conv2d: input must be on the CPU, got ",
+                 api::device_name(input));
   const auto shape = checked_shape(input, offset, weight, bias, stride, padding, dilation, mask);
   const auto dtype = input.scalar_type();
   const auto x = api::contiguous(input), w = api::contiguous(weight), o = api::contiguous(offset);
@@ -106,6 +54,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_cpu(
     const Tensor& grad_out, const Tensor& input, const Tensor& offset, const Tensor& weight,
     const std::optional<Tensor>& bias, IntList stride, IntList padding, IntList dilation,
     const std::optional<Tensor>& mask) {
+  OPBRIDGE_CHECK(api::is_cpu(input), "opbridge::deform_conv2d_backward: input must be on the CPU, got ",
+                 api::device_name(input));
   const auto shape = checked_shape(input, offset, weight, bias, stride, padding, dilation, mask);
   const std::vector<int64_t> out_shape{shape.batch, shape.out_channels, shape.out_h, shape.out_w};
   const auto dtype = input.scalar_type();

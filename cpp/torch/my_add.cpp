@@ -4,6 +4,7 @@
 #include "kernels/my_add.h"
 
 #include "torch/api.h"
+#include "torch/my_add.h"
 #include "torch/python.h"
 
 OPBRIDGE_LIBRARY_FRAGMENT(m) { m.def("my_add(Tensor a, Tensor b) -> Tensor"); }
@@ -37,25 +38,12 @@ void advise_huge_pages(void* data, size_t bytes) {
 Tensor my_add_cpu(const Tensor& a, const Tensor& b) {
   OPBRIDGE_CHECK(api::is_cpu(a) && api::is_cpu(b), "opbridge::my_add: expected CPU tensors, got a on ",
                  api::device_name(a), " and b on ", api::device_name(b));
-  const auto dtype = a.scalar_type();
-  OPBRIDGE_CHECK(dtype == b.scalar_type(),
-                 "opbridge::my_add: a and b must have the same dtype, got a: ", api::dtype_name(dtype),
-                 " and b: ", api::dtype_name(b.scalar_type()), " (cast one of them first)");
-  OPBRIDGE_CHECK(dtype == api::ScalarType::Float || dtype == api::ScalarType::Double || dtype == api::ScalarType::Half,
-                 "opbridge::my_add: expected float32, float64 or float16 tensors, got ", api::dtype_name(dtype));
-  OPBRIDGE_CHECK(api::is_strided(a) && api::is_strided(b), "opbridge::my_add: expected dense (strided) tensors");
-
-  std::vector<int64_t> shape;
-  const auto a_shape = api::sizes(a), b_shape = api::sizes(b);
-  const auto status = kernels::broadcast_shapes("opbridge::my_add", "a", a_shape, "b", b_shape, shape);
-  OPBRIDGE_CHECK(status.ok(), status.message);
-
-  Tensor out = api::empty(shape, dtype);
+  const auto plan = my_add_op::checked_plan(a, b);
+  const auto dtype = plan.dtype;
+  const auto& loop = plan.loop;
+  Tensor out = api::empty(plan.shape, dtype);
   if (out.numel() == 0) return out;
   advise_huge_pages(out.mutable_data_ptr(), static_cast<size_t>(out.numel()) * out.element_size());
-  // Each input keeps its own strides (0 where broadcast): non-contiguous inputs are not copied.
-  const auto loop = kernels::make_binary_loop(shape, kernels::broadcast_strides(a_shape, api::strides(a), shape),
-                                              kernels::broadcast_strides(b_shape, api::strides(b), shape));
   auto parallel_for = [](int64_t tasks, const auto& task) { api::parallel_for(tasks, task); };
   auto run = [&](auto tag) {
     using T = decltype(tag);

@@ -55,3 +55,22 @@ def one_device(op: str, **tensors) -> None:
             + ", ".join(f"{name} on {t.device}" for name, t in present.items())
         ),
     )
+
+
+def alert_not_deterministic(op: str, *tensors) -> None:
+    """What torch's own CUDA kernels with atomic additions do under ``torch.use_deterministic_algorithms(True)``
+    (raise, or warn with ``warn_only=True``), for a backward of ours that scatters with atomics on CUDA."""
+    if not any(t is not None and t.is_cuda for t in tensors) or not torch.are_deterministic_algorithms_enabled():
+        return
+    message = (
+        f"{op} on CUDA adds into its input gradient with atomic operations: the order of those additions, and so "
+        "the result's last bits, can change between runs. torch.use_deterministic_algorithms(True) is set: run it "
+        "on the CPU (deterministic at any thread count), or call torch.use_deterministic_algorithms(True, "
+        "warn_only=True) to accept it."
+    )
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        import warnings
+
+        warnings.warn(message, UserWarning, stacklevel=3)
+    else:
+        raise RuntimeError(message)

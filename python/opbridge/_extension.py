@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import warnings
 from types import ModuleType
 
 import torch
@@ -50,10 +52,37 @@ def load() -> ModuleType:
             f"{_public(built_for)}, or rebuild opbridge for this torch: {REINSTALL}"
         )
     try:
-        return importlib.import_module("opbridge._C")
+        module = importlib.import_module("opbridge._C")
     except ImportError as error:
         raise ImportError(
             f"opbridge's compiled ops (opbridge._C, built for torch {built_for}, "
             f"{getattr(build_info, 'TORCH_ABI', 'classic')} ABI) failed to load under torch "
             f"{torch.__version__}: {error}. Rebuild them: {REINSTALL}"
         ) from error
+    _load_cuda(build_info)
+    return module
+
+
+#: The path of the CUDA ops' library once loaded (a CUDA build of torch and an opbridge built with nvcc), else None.
+cuda_library: str | None = None
+
+
+def _load_cuda(build_info: ModuleType) -> None:
+    """Registers the CUDA implementations of the ops (libopbridge_cuda.so beside _C), only under a CUDA build of
+    torch: a CPU-only torch never loads it. A library that fails to load leaves the CPU ops working and says why."""
+    global cuda_library
+    name = getattr(build_info, "CUDA_LIBRARY", "")
+    if not name or torch.version.cuda is None:
+        return
+    path = os.path.join(os.path.dirname(build_info.__file__), name)
+    try:
+        torch.ops.load_library(path)
+    except OSError as error:
+        warnings.warn(
+            f"opbridge's CUDA ops ({path}) failed to load under torch {torch.__version__}: {error}. The CPU ops "
+            f"work; CUDA tensors passed to opbridge's ops will fail. Reinstall opbridge: {REINSTALL}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    cuda_library = path

@@ -154,6 +154,7 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad: Tensor):
     input, offset, weight, bias, mask = ctx.saved_tensors
     stride, padding, dilation = ctx.geometry
+    _checks.alert_not_deterministic("opbridge::deform_conv2d_backward", input)
     grads = torch.ops.opbridge.deform_conv2d_backward(
         grad, input, offset, weight, bias, stride, padding, dilation, mask
     )

@@ -128,6 +128,7 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad: Tensor):
     value, spatial_shapes, level_start_index, locations, weights = ctx.saved_tensors
+    _checks.alert_not_deterministic("opbridge::ms_deform_attn_backward", value)
     grad_value, grad_locations, grad_weights = torch.ops.opbridge.ms_deform_attn_backward(
         grad, value, spatial_shapes, level_start_index, locations, weights
     )

@@ -1,0 +1,235 @@
+// opbridge::ms_deform_attn and its backward on CUDA: kernels/ms_deform_attn.h's sample (corners, bilinear
+// weights) and gradient arithmetic per (image, query, head) row, as on the CPU.
+//
+// A row's channels are spread over `lanes` threads (a power of two up to a warp; each thread owns channels
+// lane, lane + lanes, ...), so a corner's value row is read in one coalesced access. The forward owns its output
+// elements. The backward owns the gradients of locations and weights (the lanes' partial dot products are summed
+// by warp shuffles in a fixed order) and adds into grad_value with atomics: the order of those float additions,
+// and so grad_value's last bits, can vary between runs (python/opbridge/ops/ms_deform_attn.py raises or warns
+// under torch.use_deterministic_algorithms, as torch's own CUDA kernels with atomics do).
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "kernels/ms_deform_attn.h"
+#include "torch/ms_deform_attn.h"
+
+namespace opbridge {
+namespace {
+
+using api::Tensor;
+using kernels::MSDeformAttnShape;
+
+constexpr int kMaxLevels = 32;
+
+// The checked level table, by value: the kernels read no table from device memory.
+struct Levels {
+  int64_t height[kMaxLevels], width[kMaxLevels], start[kMaxLevels];
+};
+
+Levels levels_of(const ms_deform_attn_op::Inputs& in) {
+  OPBRIDGE_CHECK(in.shape.levels <= kMaxLevels, "opbridge::ms_deform_attn: the CUDA kernels take up to ", kMaxLevels,
+                 " levels, got ", in.shape.levels);
+  const auto* shapes = api::data<int64_t>(in.spatial_shapes);
+  const auto* starts = api::data<int64_t>(in.level_start_index);
+  Levels levels{};
+  for (int64_t l = 0; l < in.shape.levels; ++l) {
+    levels.height[l] = shapes[2 * l], levels.width[l] = shapes[2 * l + 1], levels.start[l] = starts[l];
+  }
+  return levels;
+}
+
+// Threads per row and channels per thread for `channels`: one channel per thread up to a warp's width.
+struct Split {
+  int lanes, per_lane;
+};
+Split split_for(int64_t channels) {
+  const int per_lane = channels <= 32 ? 1 : channels <= 64 ? 2 : 4;
+  int lanes = 1;
+  while (lanes < 32 && lanes * per_lane < channels) lanes *= 2;
+  return {lanes, per_lane};
+}
+
+// Loops a warp's threads over rows * lanes work items together (the bound is the same for the whole warp, so
+// the shuffles of the backward are never reached by part of a warp).
+#define OPBRIDGE_WARP_LOOP(t, total)                                                           \
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;              \
+       t - static_cast<int64_t>(threadIdx.x & 31) < (total); t += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+template <class T, int kPerLane>
+__global__ void forward_kernel(const T* __restrict__ value, const T* __restrict__ locations,
+                               const T* __restrict__ weights, T* __restrict__ out, MSDeformAttnShape s, Levels levels,
+                               int lanes) {
+  const int64_t rows = s.batch * s.queries * s.heads, lp = s.levels * s.points, d = s.channels;
+  const int64_t key_stride = s.heads * d;
+  OPBRIDGE_WARP_LOOP(t, rows * lanes) {
+    if (t >= rows * lanes) continue;
+    const int64_t row = t / lanes, lane = t % lanes, m = row % s.heads, n = row / (s.heads * s.queries);
+    const T* value_nm = value + (n * s.keys * s.heads + m) * d;
+    const T* loc = locations + row * lp * 2;
+    const T* attn = weights + row * lp;
+    for (int64_t c0 = lane; c0 < d; c0 += lanes * kPerLane) {
+      T acc[kPerLane];
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) acc[j] = T(0);
+      for (int64_t l = 0; l < s.levels; ++l) {
+        for (int64_t p = 0; p < s.points; ++p) {
+          const int64_t i = l * s.points + p;
+          const auto sample = kernels::ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], levels.height[l],
+                                                             levels.width[l], levels.start[l]);
+          if (!sample.any) continue;
+          const T a = attn[i];
+          T w[4];
+          const T* r[4];
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            w[c] = sample.inside[c] ? a * sample.weight[c] : T(0);
+            r[c] = sample.inside[c] ? value_nm + sample.key[c] * key_stride : nullptr;
+          }
+#pragma unroll
+          for (int j = 0; j < kPerLane; ++j) {
+            const int64_t c = c0 + j * lanes;
+            if (c >= d) break;
+            T v[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v[k] = r[k] != nullptr ? r[k][c] : T(0);
+            acc[j] += w[0] * v[0] + w[1] * v[1] + w[2] * v[2] + w[3] * v[3];
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        const int64_t c = c0 + j * lanes;
+        if (c < d) out[row * d + c] = acc[j];
+      }
+    }
+  }
+}
+
+template <class T>
+__global__ void backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ value,
+                                const T* __restrict__ locations, const T* __restrict__ weights, MSDeformAttnShape s,
+                                Levels levels, int lanes, T* grad_value, T* __restrict__ grad_locations,
+                                T* __restrict__ grad_weights) {
+  const int64_t rows = s.batch * s.queries * s.heads, lp = s.levels * s.points, d = s.channels;
+  const int64_t key_stride = s.heads * d;
+  OPBRIDGE_WARP_LOOP(t, rows * lanes) {
+    const bool active = t < rows * lanes;
+    const int64_t row = active ? t / lanes : 0, lane = t % lanes, m = row % s.heads, n = row / (s.heads * s.queries);
+    const T* value_nm = value + (n * s.keys * s.heads + m) * d;
+    T* grad_value_nm = grad_value + (n * s.keys * s.heads + m) * d;
+    const T* g = grad_out + row * d;
+    const T* loc = locations + row * lp * 2;
+    const T* attn = weights + row * lp;
+    for (int64_t l = 0; l < s.levels; ++l) {
+      for (int64_t p = 0; p < s.points; ++p) {
+        const int64_t i = l * s.points + p;
+        const auto sample = kernels::ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], levels.height[l],
+                                                           levels.width[l], levels.start[l]);
+        bool inside[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) inside[c] = active && sample.any && sample.inside[c];
+        const T a = attn[i];
+        T dots[4] = {T(0), T(0), T(0), T(0)};
+        for (int64_t c = lane; c < d; c += lanes) {
+          if (!active || !sample.any) break;
+          const T gc = g[c];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            if (!inside[k]) continue;
+            const int64_t offset = sample.key[k] * key_stride + c;
+            dots[k] += gc * value_nm[offset];
+            atomicAdd(grad_value_nm + offset, a * sample.weight[k] * gc);
+          }
+        }
+        for (int offset = lanes / 2; offset > 0; offset /= 2) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) dots[k] += __shfl_xor_sync(0xffffffffu, dots[k], offset, lanes);
+        }
+        if (active && lane == 0) {
+          T* grad_loc = grad_locations + (row * lp + i) * 2;
+          if (sample.any) {
+            kernels::ms_deform_attn_sample_grads(sample, dots, a, levels.height[l], levels.width[l],
+                                                 grad_weights[row * lp + i], grad_loc[0], grad_loc[1]);
+          } else {
+            grad_weights[row * lp + i] = grad_loc[0] = grad_loc[1] = T(0);
+          }
+        }
+      }
+    }
+  }
+}
+
+Tensor ms_deform_attn_cuda(const Tensor& value, const Tensor& spatial_shapes, const Tensor& level_start_index,
+                           const Tensor& sampling_locations, const Tensor& attention_weights) {
+  const auto in =
+      ms_deform_attn_op::checked(value, spatial_shapes, level_start_index, sampling_locations, attention_weights);
+  const auto& s = in.shape;
+  auto out = api::empty_on({s.batch, s.queries, s.heads * s.channels}, value.scalar_type(), value);
+  if (out.numel() == 0) return out;
+  const Levels levels = levels_of(in);
+  const Split split = split_for(s.channels);
+  const cuda::Context context(value);
+  const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * split.lanes);
+  api::dispatch_floating(value.scalar_type(), "opbridge::ms_deform_attn", [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks, cuda::kThreads, 0, context.stream>>>(
+          api::data<T>(in.value), api::data<T>(in.sampling_locations), api::data<T>(in.attention_weights),
+          api::data<T>(out), s, levels, split.lanes);
+    };
+    if (split.per_lane == 1) launch(forward_kernel<T, 1>);
+    if (split.per_lane == 2) launch(forward_kernel<T, 2>);
+    if (split.per_lane == 4) launch(forward_kernel<T, 4>);
+  });
+  cuda::check_launch("opbridge::ms_deform_attn");
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cuda(const Tensor& grad_output, const Tensor& value,
+                                                                const Tensor& spatial_shapes,
+                                                                const Tensor& level_start_index,
+                                                                const Tensor& sampling_locations,
+                                                                const Tensor& attention_weights) {
+  const auto in =
+      ms_deform_attn_op::checked(value, spatial_shapes, level_start_index, sampling_locations, attention_weights);
+  const auto& s = in.shape;
+  const auto dtype = value.scalar_type();
+  const std::vector<int64_t> out_shape{s.batch, s.queries, s.heads * s.channels};
+  OPBRIDGE_CHECK(api::same_device(grad_output, value) && grad_output.scalar_type() == dtype,
+                 "opbridge::ms_deform_attn_backward: grad_output must be a tensor of value's dtype (",
+                 api::dtype_name(dtype), ") on its device (", api::device_name(value), "), got ",
+                 api::dtype_name(grad_output.scalar_type()), " on ", api::device_name(grad_output));
+  OPBRIDGE_CHECK(api::sizes(grad_output) == out_shape, "opbridge::ms_deform_attn_backward: grad_output ",
+                 "must have the output's shape ", api::Shape{out_shape}, ", got ", api::shape_of(grad_output));
+  const auto g = api::contiguous(grad_output);
+  auto grad_value = api::zeros_on(api::sizes(value), dtype, value);
+  auto grad_locations = api::empty_on(api::sizes(sampling_locations), dtype, value);
+  auto grad_weights = api::empty_on(api::sizes(attention_weights), dtype, value);
+  if (s.batch * s.queries * s.heads * s.levels * s.points == 0) {
+    torch::stable::zero_(grad_locations);
+    torch::stable::zero_(grad_weights);
+    return {grad_value, grad_locations, grad_weights};
+  }
+  const Levels levels = levels_of(in);
+  const Split split = split_for(s.channels);
+  const cuda::Context context(value);
+  const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * split.lanes);
+  api::dispatch_floating(dtype, "opbridge::ms_deform_attn_backward", [&](auto tag) {
+    using T = decltype(tag);
+    backward_kernel<T><<<blocks, cuda::kThreads, 0, context.stream>>>(
+        api::data<T>(g), api::data<T>(in.value), api::data<T>(in.sampling_locations),
+        api::data<T>(in.attention_weights), s, levels, split.lanes, api::data<T>(grad_value),
+        api::data<T>(grad_locations), api::data<T>(grad_weights));
+  });
+  cuda::check_launch("opbridge::ms_deform_attn_backward");
+  return {grad_value, grad_locations, grad_weights};
+}
+
+}  // namespace
+
+OPBRIDGE_LIBRARY_IMPL_CUDA(m) {
+  OPBRIDGE_IMPL(m, "ms_deform_attn", ms_deform_attn_cuda);
+  OPBRIDGE_IMPL(m, "ms_deform_attn_backward", ms_deform_attn_backward_cuda);
+}
+
+}  // namespace opbridge

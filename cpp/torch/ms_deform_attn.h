@@ -1,0 +1,71 @@
+// The checks of opbridge::ms_deform_attn's arguments, shared by its CPU adapter (ms_deform_attn.cpp) and its
+// CUDA adapter (cpp/cuda/ms_deform_attn.cu): dtypes, one device for all tensors, shapes and the level table.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "kernels/ms_deform_attn.h"
+#include "torch/api.h"
+
+namespace opbridge::ms_deform_attn_op {
+
+constexpr kernels::MSDeformAttnNames kNames{"opbridge::ms_deform_attn", "value",
+                                            "spatial_shapes",           "level_start_index",
+                                            "sampling_locations",       "attention_weights"};
+
+using api::Shape;
+using api::Tensor;
+
+// The checked inputs: floating tensors contiguous (on their device), the level table as int64 on the CPU.
+struct Inputs {
+  Tensor value, spatial_shapes, level_start_index, sampling_locations, attention_weights;
+  kernels::MSDeformAttnShape shape;
+};
+
+inline Inputs checked(const Tensor& value, const Tensor& spatial_shapes, const Tensor& level_start_index,
+               const Tensor& sampling_locations, const Tensor& attention_weights) {
+  const auto dtype = value.scalar_type();
+  OPBRIDGE_CHECK(dtype == api::ScalarType::Float || dtype == api::ScalarType::Double,
+                 "opbridge::ms_deform_attn: expected float32 or float64 tensors, got value of dtype ",
+                 api::dtype_name(dtype));
+  for (const auto& [name, tensor] :
+       {std::pair{"sampling_locations", &sampling_locations}, std::pair{"attention_weights", &attention_weights}}) {
+    OPBRIDGE_CHECK(tensor->scalar_type() == dtype, "opbridge::ms_deform_attn: ", name,
+                   " must have the dtype of value (", api::dtype_name(dtype), "), got ",
+                   api::dtype_name(tensor->scalar_type()));
+  }
+  for (const auto& [name, tensor] :
+       {std::pair{"value", &value}, std::pair{"spatial_shapes", &spatial_shapes},
+        std::pair{"level_start_index", &level_start_index}, std::pair{"sampling_locations", &sampling_locations},
+        std::pair{"attention_weights", &attention_weights}}) {
+    OPBRIDGE_CHECK(api::same_device(*tensor, value), "opbridge::ms_deform_attn: ", name,
+                   " must be on the device of value (", api::device_name(value), "), got ", api::device_name(*tensor));
+  }
+  for (const auto& [name, tensor] :
+       {std::pair{"spatial_shapes", &spatial_shapes}, std::pair{"level_start_index", &level_start_index}}) {
+    OPBRIDGE_CHECK(api::is_integral(tensor->scalar_type()), "opbridge::ms_deform_attn: ", name,
+                   " must be an integer tensor (int64), got ", api::dtype_name(tensor->scalar_type()));
+  }
+  // The level table is read on the host, also for a CUDA call (a copy of a few numbers): every sample's rows
+  // are then known to lie inside value.
+  Inputs in{api::contiguous(value),
+            api::contiguous(api::to_cpu(api::to(spatial_shapes, api::ScalarType::Long))),
+            api::contiguous(api::to_cpu(api::to(level_start_index, api::ScalarType::Long))),
+            api::contiguous(sampling_locations),
+            api::contiguous(attention_weights),
+            {}};
+  OPBRIDGE_CHECK(in.spatial_shapes.dim() == 2 && in.spatial_shapes.size(1) == 2 && in.spatial_shapes.size(0) >= 1 &&
+                     in.level_start_index.dim() == 1 && in.level_start_index.size(0) == in.spatial_shapes.size(0),
+                 "opbridge::ms_deform_attn: spatial_shapes must have shape [levels, 2] (levels >= 1) and ",
+                 "level_start_index shape [levels], got ", api::shape_of(spatial_shapes), " and ",
+                 api::shape_of(level_start_index));
+  const auto status = kernels::check_ms_deform_attn(
+      kNames, api::sizes(value), api::sizes(spatial_shapes), api::sizes(level_start_index),
+      api::sizes(sampling_locations), api::sizes(attention_weights), api::data<int64_t>(in.spatial_shapes),
+      api::data<int64_t>(in.level_start_index), in.shape);
+  OPBRIDGE_CHECK(status.ok(), status.message);
+  return in;
+}
+
+}  // namespace opbridge::ms_deform_attn_op

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The GPU checks of opbridge's CUDA ops on a machine with an NVIDIA GPU, a CUDA build of torch (>= 2.10) with
+# torchvision, nvcc, and scikit-build-core + pybind11 (no network needed): builds opbridge there, runs
+# tests/test_cuda.py and the GPU benchmarks (python -m opbridge.tools.bench_cuda).
+#
+#   bash tests/run_on_gpu.sh [output directory]
+set -euo pipefail
+out="${1:-reports/gpu}"
+mkdir -p "$out"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+export PYTHONUNBUFFERED=1
+python=${PYTHON:-python3}
+nvidia-smi -L || true
+"$python" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"
+# opbridge with its CUDA library (required here), built for this machine's torch and Python.
+start=$(date +%s)
+"$python" -m pip install --no-build-isolation --no-deps --no-index -q \
+  --config-settings=cmake.define.OPBRIDGE_BUILD_CUDA=ON --config-settings=build-dir=build/gpu . 2>&1 | tail -30
+echo "build: $(( $(date +%s) - start )) s"
+# opbridge_ort's Python helpers (torch-free; the ORT library itself is not needed by these checks).
+runtime=$(mktemp -d)
+ln -s "$root/python/opbridge_ort" "$runtime/opbridge_ort"
+export PYTHONPATH="$runtime${PYTHONPATH:+:$PYTHONPATH}"
+cd tests
+"$python" -m pytest test_cuda.py -q -p no:cacheprovider -n 4 -rs --junitxml="$root/$out/test_cuda.xml" 2>&1 \
+  | tee "$root/$out/test_cuda.log" | tail -40
+cd "$root"
+"$python" -m opbridge.tools.bench_cuda --json "$out/bench_cuda.json" --markdown "$out/bench_cuda.md"
