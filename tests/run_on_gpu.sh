@@ -5,9 +5,9 @@
 #
 #   bash tests/run_on_gpu.sh [output directory]
 set -euo pipefail
-out="${1:-reports/gpu}"
-mkdir -p "$out"
 root="$(cd "$(dirname "$0")/.." && pwd)"
+mkdir -p "${1:-$root/reports/gpu}"
+out="$(cd "${1:-$root/reports/gpu}" && pwd)"
 cd "$root"
 export PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
@@ -23,7 +23,9 @@ runtime=$(mktemp -d)
 ln -s "$root/python/opbridge_ort" "$runtime/opbridge_ort"
 export PYTHONPATH="$runtime${PYTHONPATH:+:$PYTHONPATH}"
 cd tests
-"$python" -m pytest test_cuda.py -q -p no:cacheprovider -n 4 -rs --junitxml="$root/$out/test_cuda.xml" 2>&1 \
-  | tee "$root/$out/test_cuda.log" | tail -40
+status=0
+"$python" -m pytest test_cuda.py -q -p no:cacheprovider -p no:benchmark -n 4 -rs --junitxml="$out/test_cuda.xml" 2>&1 \
+  | tee "$out/test_cuda.log" | tail -40 || status=$?
 cd "$root"
 "$python" -m opbridge.tools.bench_cuda --json "$out/bench_cuda.json" --markdown "$out/bench_cuda.md"
+exit "$status"

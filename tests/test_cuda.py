@@ -93,7 +93,7 @@ def test_my_add_matches_the_cpu_op_and_torch(dtype, shapes):
 def test_my_add_reads_strided_and_broadcast_inputs_in_place():
     a = torch.randn(6, 8, device=CUDA, dtype=torch.float64)
     b = torch.randn(8, 6, device=CUDA, dtype=torch.float64)
-    for x, y in ((a[:, ::2], b.t()[::1, ::2]), (a.t(), b), (a[::2], b[0])):
+    for x, y in ((a[:, ::2], b.t()[::1, ::2]), (a.t(), b), (a[::2], b[:, 0])):
         assert torch.equal(opbridge.my_add(x, y), 2 * x + y)
 
 
@@ -124,7 +124,7 @@ def test_ms_deform_attn_forward_and_backward_match_the_cpu_op(config, dtype):
     grad = torch.randn_like(out_cpu)
     grads_cpu = torch.autograd.grad(out_cpu, [cpu[0], cpu[3], cpu[4]], grad)
     grads_gpu = torch.autograd.grad(out_gpu, [gpu[0], gpu[3], gpu[4]], grad.to(CUDA))
-    for actual, expected in zip(grads_gpu, grads_cpu):
+    for actual, expected in zip(grads_gpu, grads_cpu, strict=True):
         _close(actual, expected, dtype)
 
 
@@ -160,8 +160,8 @@ def test_ms_deform_attn_level_table_is_checked_on_cuda():
 
 
 def _deform_inputs(device, dtype, batch=2, channels=6, size=(9, 11), out_channels=4, kernel=(3, 3), groups=1,
-                   offset_groups=2, stride=(1, 2), padding=(1, 1), dilation=(1, 1), mask=True, bias=True, seed=0):  # fmt: skip
-    generator = torch.Generator().manual_seed(seed)
+                   offset_groups=2, stride=(1, 2), padding=(1, 1), dilation=(1, 1), mask=True, bias=True):  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
     kh, kw = kernel
     out_h = (size[0] + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
     out_w = (size[1] + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
@@ -195,7 +195,7 @@ def _deform_grads(args, geometry, grad):
     out = opbridge.deform_conv2d(leaves["input"], leaves["offset"], leaves["weight"], leaves.get("bias"),
                                  mask=leaves.get("mask"), **geometry)  # fmt: skip
     names = sorted(leaves)
-    return out, dict(zip(names, torch.autograd.grad(out, [leaves[n] for n in names], grad)))
+    return out, dict(zip(names, torch.autograd.grad(out, [leaves[n] for n in names], grad), strict=True))
 
 
 @needs_gpu
@@ -217,7 +217,9 @@ def test_deform_conv2d_forward_and_backward_match_the_cpu_op_and_torchvision(con
     expected = torchvision.ops.deform_conv2d(leaves["input"], leaves["offset"], leaves["weight"], leaves.get("bias"),
                                              mask=leaves.get("mask"), **geometry)  # fmt: skip
     names = sorted(leaves)
-    expected_grads = dict(zip(names, torch.autograd.grad(expected, [leaves[n] for n in names], grad.to(CUDA))))
+    expected_grads = dict(
+        zip(names, torch.autograd.grad(expected, [leaves[n] for n in names], grad.to(CUDA)), strict=True)
+    )
     tolerance = 1e-9 if dtype == torch.float64 else 1e-4
     torch.testing.assert_close(out_gpu, expected, rtol=tolerance, atol=tolerance)
     for name in names:
@@ -252,8 +254,16 @@ def test_deform_conv2d_gradcheck_and_opcheck_on_cuda():
     assert torch.autograd.gradcheck(call, leaves, eps=1e-6, atol=1e-5)
     torch.library.opcheck(
         torch.ops.opbridge.deform_conv2d.default,
-        (leaves[0], leaves[1], leaves[2], leaves[3], geometry["stride"], geometry["padding"], geometry["dilation"],
-         leaves[4]),  # fmt: skip
+        (
+            leaves[0],
+            leaves[1],
+            leaves[2],
+            leaves[3],
+            geometry["stride"],
+            geometry["padding"],
+            geometry["dilation"],
+            leaves[4],
+        ),
     )
 
 
@@ -314,7 +324,7 @@ class _Block(torch.nn.Module):
     def forward(self, x):
         offsets = self.offsets(x)
         y = self.dcn(x, offsets[:, :18], torch.sigmoid(offsets[:, 18:]))
-        n, c, h, w = y.shape
+        n, _c, h, w = y.shape
         tokens = y.flatten(2).transpose(1, 2)
         shapes = torch.tensor([[h, w]], device=x.device)
         starts = torch.zeros(1, dtype=torch.int64, device=x.device)
@@ -338,7 +348,7 @@ def test_torch_compile_of_a_training_step_on_cuda():
     eager_loss, eager_grads = step(model)
     compiled_loss, compiled_grads = step(torch.compile(model, fullgraph=True))
     torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-4, atol=1e-5)
-    for actual, expected in zip(compiled_grads, eager_grads):
+    for actual, expected in zip(compiled_grads, eager_grads, strict=True):
         torch.testing.assert_close(actual, expected, rtol=1e-3, atol=1e-5)
 
 
@@ -364,5 +374,5 @@ def test_a_detr_encoder_trains_on_cuda_as_on_the_cpu():
             losses[name].append(loss.item())
     assert losses["cuda"][-1] < losses["cuda"][0]
     torch.testing.assert_close(torch.tensor(losses["cuda"]), torch.tensor(losses["cpu"]), rtol=1e-9, atol=1e-12)
-    for (name, p_cpu), p_gpu in zip(cpu_model.named_parameters(), gpu_model.parameters()):
+    for (name, p_cpu), p_gpu in zip(cpu_model.named_parameters(), gpu_model.parameters(), strict=True):
         torch.testing.assert_close(p_gpu.cpu(), p_cpu, rtol=1e-8, atol=1e-10, msg=name)

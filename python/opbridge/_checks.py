@@ -24,6 +24,12 @@ def _is_int(value) -> bool:
         return True
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return False
+    if isinstance(value, int):
+        return True
+    if value is None or isinstance(value, (tuple, list, float, str, torch.Tensor)):
+        # Decided without the exception below: torch.compile of torch 2.11 turns operator.index's TypeError on a
+        # tuple into an internal error instead of letting the except clause take it.
+        return False
     try:
         operator.index(value)
     except TypeError:

@@ -312,6 +312,8 @@ def ms_deform_attn_level_table(*features: Tensor) -> tuple[Tensor, Tensor]:
     else:  # eager, torch.export (symbolic sizes become graph values), torch.compile
         shapes = torch.stack([torch.scalar_tensor(size, dtype=torch.int64) for f in features for size in f.shape[-2:]])
         shapes = shapes.view(len(features), 2)
+    if features[0].device.type != "cpu":  # on the maps' device, as the model's other tensors (CUDA training)
+        shapes = shapes.to(features[0].device)
     areas = shapes[:, 0] * shapes[:, 1]
     starts = torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]])
     return shapes, starts

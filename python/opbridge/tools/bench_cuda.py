@@ -83,12 +83,14 @@ def deform_rows(repeat: int) -> list[dict]:
         outs = {name: op(x, offset, weight, bias, mask) for name, op in ops.items()}
         _close(outs["opbridge"], outs["torchvision"], "deform_conv2d forward")
         grads = {name: torch.autograd.grad(op(*leaves), leaves, grad) for name, op in ops.items()}
-        for mine, theirs in zip(grads["opbridge"], grads["torchvision"]):
+        for mine, theirs in zip(grads["opbridge"], grads["torchvision"], strict=True):
             _close(mine, theirs, "deform_conv2d backward")
         case = f"N{n} C{c} {h}x{w}"
         for name, op in ops.items():
-            forward = time_ms(lambda op=op: op(x, offset, weight, bias, mask), repeat)
-            training = time_ms(lambda op=op: torch.autograd.grad(op(*leaves), leaves, grad), repeat)
+            args = (x, offset, weight, bias, mask)
+            forward = time_ms(lambda op=op, args=args: op(*args), repeat)
+            training = time_ms(lambda op=op, leaves=leaves, grad=grad: torch.autograd.grad(op(*leaves), leaves, grad),
+                               repeat)  # fmt: skip
             rows.append(dict(op="deform_conv2d", case=case, path=name, forward_ms=forward, training_ms=training))
     return rows
 
@@ -109,13 +111,17 @@ def msda_rows(repeat: int, bandwidth: float) -> list[dict]:
         _close(out, reference(*inputs), "ms_deform_attn forward")
         mine = torch.autograd.grad(ops["opbridge"](*leaves), wrt, grad)
         theirs = torch.autograd.grad(reference(*leaves), wrt, grad)
-        for a, b in zip(mine, theirs):
+        for a, b in zip(mine, theirs, strict=True):
             _close(a, b, "ms_deform_attn backward")
         forward_bytes = sum(t.numel() * t.element_size() for t in (value, locations, weights, out))
         backward_bytes = forward_bytes + sum(t.numel() * t.element_size() for t in (grad, value, locations, weights))
         for name, op in ops.items():
-            forward = time_ms(lambda op=op: op(*inputs), repeat)
-            training = time_ms(lambda op=op: torch.autograd.grad(op(*leaves), wrt, grad), repeat)
+            forward = time_ms(lambda op=op, inputs=inputs: op(*inputs), repeat)
+
+            def step(op=op, leaves=leaves, wrt=wrt, grad=grad):
+                return torch.autograd.grad(op(*leaves), wrt, grad)
+
+            training = time_ms(step, repeat)
             row = dict(op="ms_deform_attn", case=f"{label}, {value.shape[1]} keys", path=name,
                        forward_ms=forward, training_ms=training)  # fmt: skip
             if name == "opbridge":
