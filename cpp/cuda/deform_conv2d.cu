@@ -26,17 +26,21 @@ using kernels::DeformConv2dShape;
 // Bytes of columns per chunk of images.
 constexpr int64_t kColumnBudget = int64_t(256) << 20;
 
-// The sample of tap k for output pixel p of `image`, in offset group og.
+// The sample of tap k = (i, j) for output pixel p = (oy, ox) of `image`, in offset group og.
 template <class T>
 __device__ inline BilinearPoint<T> sample_at(const DeformConv2dShape& s, const T* offset, int64_t image, int64_t og,
-                                             int64_t k, int64_t p) {
+                                             int64_t k, int64_t i, int64_t j, int64_t p, int64_t oy, int64_t ox) {
   const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
   const T* dy = offset + ((image * s.offset_groups + og) * taps + k) * 2 * pixels;
   T y, x;
-  kernels::deform_conv2d_position(s, p / s.out_w, p % s.out_w, k / s.kernel_w, k % s.kernel_w, dy[p], dy[pixels + p],
-                                  y, x);
+  kernels::deform_conv2d_position(s, oy, ox, i, j, dy[p], dy[pixels + p], y, x);
   return BilinearPoint<T>(y, x, s.height, s.width);
 }
+
+// for each tap k = (i, j) of the kernel, without a division per tap.
+#define OPBRIDGE_FOR_EACH_TAP(s, k, i, j)                \
+  for (int64_t i = 0, k = 0; i < (s).kernel_h; ++i)      \
+    for (int64_t j = 0; j < (s).kernel_w; ++j, ++k)
 
 template <class T>
 __device__ inline T mask_at(const DeformConv2dShape& s, const T* mask, int64_t image, int64_t og, int64_t k,
@@ -53,10 +57,10 @@ __global__ void im2col_kernel(const T* __restrict__ input, const T* __restrict__
   const int64_t width = count * pixels, per_offset_group = s.in_channels / s.offset_groups;
   OPBRIDGE_GRID_LOOP(t, s.in_channels * width) {
     const int64_t c = t / width, column = t % width, b = column / pixels, p = column % pixels, image = first + b;
-    const int64_t og = c / per_offset_group;
+    const int64_t og = c / per_offset_group, oy = p / s.out_w, ox = p % s.out_w;
     const T* source = input + (image * s.in_channels + c) * plane;
-    for (int64_t k = 0; k < taps; ++k) {
-      const auto point = sample_at(s, offset, image, og, k, p);
+    OPBRIDGE_FOR_EACH_TAP(s, k, i, j) {
+      const auto point = sample_at(s, offset, image, og, k, i, j, p, oy, ox);
       T v[4];
       point.values(source, s.width, v);
       columns[(c * taps + k) * width + column] = point.value(v) * mask_at(s, mask, image, og, k, p);
@@ -97,7 +101,7 @@ __global__ void offset_grad_kernel(const T* __restrict__ input, const T* __restr
   OPBRIDGE_GRID_LOOP(t, count * s.offset_groups * taps * pixels) {
     const int64_t p = t % pixels, k = t / pixels % taps, og = t / (pixels * taps) % s.offset_groups;
     const int64_t b = t / (pixels * taps * s.offset_groups), image = first + b;
-    const auto point = sample_at(s, offset, image, og, k, p);
+    const auto point = sample_at(s, offset, image, og, k, k / s.kernel_w, k % s.kernel_w, p, p / s.out_w, p % s.out_w);
     T grad_y = T(0), grad_x = T(0), grad_m = T(0);
     if (point.inside) {
       for (int64_t c = og * per_offset_group; c < (og + 1) * per_offset_group; ++c) {
@@ -123,10 +127,10 @@ __global__ void input_grad_kernel(const T* __restrict__ offset, const T* __restr
   const int64_t width = count * pixels, per_offset_group = s.in_channels / s.offset_groups;
   OPBRIDGE_GRID_LOOP(t, s.in_channels * width) {
     const int64_t c = t / width, column = t % width, b = column / pixels, p = column % pixels, image = first + b;
-    const int64_t og = c / per_offset_group;
+    const int64_t og = c / per_offset_group, oy = p / s.out_w, ox = p % s.out_w;
     T* target = grad_input + (image * s.in_channels + c) * plane;
-    for (int64_t k = 0; k < taps; ++k) {
-      const auto point = sample_at(s, offset, image, og, k, p);
+    OPBRIDGE_FOR_EACH_TAP(s, k, i, j) {
+      const auto point = sample_at(s, offset, image, og, k, i, j, p, oy, ox);
       if (!point.inside) continue;
       const T scaled = grad_columns[(c * taps + k) * width + column] * mask_at(s, mask, image, og, k, p);
       for (int corner = 0; corner < 4; ++corner) {

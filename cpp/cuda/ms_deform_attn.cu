@@ -38,15 +38,11 @@ Levels levels_of(const ms_deform_attn_op::Inputs& in) {
   return levels;
 }
 
-// Threads per row and channels per thread for `channels`: one channel per thread up to a warp's width.
-struct Split {
-  int lanes, per_lane;
-};
-Split split_for(int64_t channels) {
-  const int per_lane = channels <= 32 ? 1 : channels <= 64 ? 2 : 4;
+// Threads per row for rows of `units` (channels, or vectors of them): up to a warp.
+int lanes_for(int64_t units) {
   int lanes = 1;
-  while (lanes < 32 && lanes * per_lane < channels) lanes *= 2;
-  return {lanes, per_lane};
+  while (lanes < 32 && lanes < units) lanes *= 2;
+  return lanes;
 }
 
 // Loops a warp's threads over rows * lanes work items together (the bound is the same for the whole warp, so
@@ -55,10 +51,20 @@ Split split_for(int64_t channels) {
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;              \
        t - static_cast<int64_t>(threadIdx.x & 31) < (total); t += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-template <class T, int kPerLane>
+// T values moved as one aligned load (16 bytes for float x 4 or double x 2).
+template <class T, int kVec>
+struct alignas(sizeof(T) * kVec) Vec {
+  T v[kVec];
+};
+
+// A row's channels in vectors of kVec (channels % kVec == 0 and value 16-byte aligned, else kVec = 1): `lanes`
+// threads a row, each owning vectors lane, lane + lanes, ...; every sample's four corners are loaded before their
+// multiply-adds, which follow the CPU kernel's order (acc += w0 v0 + w1 v1 + w2 v2 + w3 v3).
+template <class T, int kVec>
 __global__ void forward_kernel(const T* __restrict__ value, const T* __restrict__ locations,
                                const T* __restrict__ weights, T* __restrict__ out, MSDeformAttnShape s, Levels levels,
                                int lanes) {
+  using V = Vec<T, kVec>;
   const int64_t rows = s.batch * s.queries * s.heads, lp = s.levels * s.points, d = s.channels;
   const int64_t key_stride = s.heads * d;
   OPBRIDGE_WARP_LOOP(t, rows * lanes) {
@@ -67,10 +73,10 @@ __global__ void forward_kernel(const T* __restrict__ value, const T* __restrict_
     const T* value_nm = value + (n * s.keys * s.heads + m) * d;
     const T* loc = locations + row * lp * 2;
     const T* attn = weights + row * lp;
-    for (int64_t c0 = lane; c0 < d; c0 += lanes * kPerLane) {
-      T acc[kPerLane];
+    for (int64_t c0 = lane * kVec; c0 < d; c0 += lanes * kVec) {
+      T acc[kVec];
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j) acc[j] = T(0);
+      for (int j = 0; j < kVec; ++j) acc[j] = T(0);
       for (int64_t l = 0; l < s.levels; ++l) {
         for (int64_t p = 0; p < s.points; ++p) {
           const int64_t i = l * s.points + p;
@@ -79,28 +85,27 @@ __global__ void forward_kernel(const T* __restrict__ value, const T* __restrict_
           if (!sample.any) continue;
           const T a = attn[i];
           T w[4];
-          const T* r[4];
+          V v[4];
 #pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            w[c] = sample.inside[c] ? a * sample.weight[c] : T(0);
-            r[c] = sample.inside[c] ? value_nm + sample.key[c] * key_stride : nullptr;
+          for (int k = 0; k < 4; ++k) {
+            w[k] = sample.inside[k] ? a * sample.weight[k] : T(0);
+            if (sample.inside[k]) {
+              v[k] = *reinterpret_cast<const V*>(value_nm + sample.key[k] * key_stride + c0);
+            } else {
+#pragma unroll
+              for (int j = 0; j < kVec; ++j) v[k].v[j] = T(0);
+            }
           }
 #pragma unroll
-          for (int j = 0; j < kPerLane; ++j) {
-            const int64_t c = c0 + j * lanes;
-            if (c >= d) break;
-            T v[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) v[k] = r[k] != nullptr ? r[k][c] : T(0);
-            acc[j] += w[0] * v[0] + w[1] * v[1] + w[2] * v[2] + w[3] * v[3];
+          for (int j = 0; j < kVec; ++j) {
+            acc[j] += w[0] * v[0].v[j] + w[1] * v[1].v[j] + w[2] * v[2].v[j] + w[3] * v[3].v[j];
           }
         }
       }
+      V result;
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j) {
-        const int64_t c = c0 + j * lanes;
-        if (c < d) out[row * d + c] = acc[j];
-      }
+      for (int j = 0; j < kVec; ++j) result.v[j] = acc[j];
+      *reinterpret_cast<V*>(out + row * d + c0) = result;
     }
   }
 }
@@ -167,19 +172,18 @@ Tensor ms_deform_attn_cuda(const Tensor& value, const Tensor& spatial_shapes, co
   auto out = api::empty_on({s.batch, s.queries, s.heads * s.channels}, value.scalar_type(), value);
   if (out.numel() == 0) return out;
   const Levels levels = levels_of(in);
-  const Split split = split_for(s.channels);
   const cuda::Context context(value);
-  const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * split.lanes);
   api::dispatch_floating(value.scalar_type(), "opbridge::ms_deform_attn", [&](auto tag) {
     using T = decltype(tag);
-    auto launch = [&](auto kernel) {
-      kernel<<<blocks, cuda::kThreads, 0, context.stream>>>(
-          api::data<T>(in.value), api::data<T>(in.sampling_locations), api::data<T>(in.attention_weights),
-          api::data<T>(out), s, levels, split.lanes);
-    };
-    if (split.per_lane == 1) launch(forward_kernel<T, 1>);
-    if (split.per_lane == 2) launch(forward_kernel<T, 2>);
-    if (split.per_lane == 4) launch(forward_kernel<T, 4>);
+    constexpr int kVec = 16 / sizeof(T);
+    const auto aligned = [](const void* data) { return reinterpret_cast<uintptr_t>(data) % 16 == 0; };
+    const bool vectors = s.channels % kVec == 0 && aligned(in.value.const_data_ptr()) && aligned(out.const_data_ptr());
+    const int lanes = lanes_for(vectors ? s.channels / kVec : s.channels);
+    const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * lanes);
+    auto kernel = vectors ? forward_kernel<T, kVec> : forward_kernel<T, 1>;
+    kernel<<<blocks, cuda::kThreads, 0, context.stream>>>(api::data<T>(in.value), api::data<T>(in.sampling_locations),
+                                                          api::data<T>(in.attention_weights), api::data<T>(out), s,
+                                                          levels, lanes);
   });
   cuda::check_launch("opbridge::ms_deform_attn");
   return out;
@@ -211,14 +215,14 @@ std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cuda(const Tensor& gr
     return {grad_value, grad_locations, grad_weights};
   }
   const Levels levels = levels_of(in);
-  const Split split = split_for(s.channels);
+  const int lanes = lanes_for(s.channels);
   const cuda::Context context(value);
-  const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * split.lanes);
+  const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * lanes);
   api::dispatch_floating(dtype, "opbridge::ms_deform_attn_backward", [&](auto tag) {
     using T = decltype(tag);
     backward_kernel<T><<<blocks, cuda::kThreads, 0, context.stream>>>(
         api::data<T>(g), api::data<T>(in.value), api::data<T>(in.sampling_locations),
-        api::data<T>(in.attention_weights), s, levels, split.lanes, api::data<T>(grad_value),
+        api::data<T>(in.attention_weights), s, levels, lanes, api::data<T>(grad_value),
         api::data<T>(grad_locations), api::data<T>(grad_weights));
   });
   cuda::check_launch("opbridge::ms_deform_attn_backward");
