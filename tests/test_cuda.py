@@ -334,7 +334,7 @@ class _Block(torch.nn.Module):
 
 
 @needs_gpu
-@pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores")  # inductor's advice on float32 matmuls
+@pytest.mark.filterwarnings("ignore::UserWarning")  # inductor's advice (TF32, online softmax) is no failure
 def test_torch_compile_of_a_training_step_on_cuda():
     torch.manual_seed(0)
     model = _Block().to(CUDA)

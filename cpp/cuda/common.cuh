@@ -64,8 +64,8 @@ inline unsigned blocks_for(int64_t work, int64_t per_block = kThreads) {
 }
 
 // for (i = first thread; i < n; i += all threads), in int64 (tensors may pass 2^31 elements).
-#define OPBRIDGE_GRID_LOOP(i, n)                                                                         \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);              \
+#define OPBRIDGE_GRID_LOOP(i, n)                                                         \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 }  // namespace opbridge::cuda

@@ -38,8 +38,8 @@ __device__ inline BilinearPoint<T> sample_at(const DeformConv2dShape& s, const T
 }
 
 // for each tap k = (i, j) of the kernel, without a division per tap.
-#define OPBRIDGE_FOR_EACH_TAP(s, k, i, j)                \
-  for (int64_t i = 0, k = 0; i < (s).kernel_h; ++i)      \
+#define OPBRIDGE_FOR_EACH_TAP(s, k, i, j)           \
+  for (int64_t i = 0, k = 0; i < (s).kernel_h; ++i) \
     for (int64_t j = 0; j < (s).kernel_w; ++j, ++k)
 
 template <class T>
@@ -182,8 +182,8 @@ Tensor deform_conv2d_cuda(const Tensor& input, const Tensor& offset, const Tenso
           api::data<T>(x), api::data<T>(o), optional_data<T>(m), s, first, count, api::data<T>(columns));
       cuda::check_launch("opbridge::deform_conv2d");
       for (int64_t g = 0; g < s.groups; ++g) {
-        api::mm_out(input.device(), out_per_group, width, depth, api::data<T>(w) + g * out_per_group * depth, depth,
-                    1, api::data<T>(columns) + g * depth * width, width, 1,
+        api::mm_out(input.device(), out_per_group, width, depth, api::data<T>(w) + g * out_per_group * depth, depth, 1,
+                    api::data<T>(columns) + g * depth * width, width, 1,
                     api::data<T>(buffer) + g * out_per_group * width, width);
       }
       scatter_out_kernel<T><<<cuda::blocks_for(s.out_channels * width), cuda::kThreads, 0, context.stream>>>(
@@ -244,10 +244,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_cuda(
         api::mm_out(input.device(), depth, width, out_per_group, api::data<T>(w) + group * out_per_group * depth, 1,
                     depth, gbuf + group * out_per_group * width, width, 1, cols + group * depth * width, width);
       }
-      offset_grad_kernel<T><<<cuda::blocks_for(count * s.offset_groups * taps * pixels), cuda::kThreads, 0,
-                              context.stream>>>(api::data<T>(x), api::data<T>(o), optional_data<T>(m), cols, s, first,
-                                                count, api::data<T>(grad_offset),
-                                                m ? api::data<T>(grad_mask) : nullptr);
+      offset_grad_kernel<T>
+          <<<cuda::blocks_for(count * s.offset_groups * taps * pixels), cuda::kThreads, 0, context.stream>>>(
+              api::data<T>(x), api::data<T>(o), optional_data<T>(m), cols, s, first, count, api::data<T>(grad_offset),
+              m ? api::data<T>(grad_mask) : nullptr);
       input_grad_kernel<T><<<sample_blocks, cuda::kThreads, 0, context.stream>>>(
           api::data<T>(o), optional_data<T>(m), cols, s, first, count, api::data<T>(grad_input));
       cuda::check_launch("opbridge::deform_conv2d_backward");

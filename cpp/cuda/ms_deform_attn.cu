@@ -7,6 +7,8 @@
 // by warp shuffles in a fixed order) and adds into grad_value with atomics: the order of those float additions,
 // and so grad_value's last bits, can vary between runs (python/opbridge/ops/ms_deform_attn.py raises or warns
 // under torch.use_deterministic_algorithms, as torch's own CUDA kernels with atomics do).
+#include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/common.cuh"
@@ -47,8 +49,8 @@ int lanes_for(int64_t units) {
 
 // Loops a warp's threads over rows * lanes work items together (the bound is the same for the whole warp, so
 // the shuffles of the backward are never reached by part of a warp).
-#define OPBRIDGE_WARP_LOOP(t, total)                                                           \
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;              \
+#define OPBRIDGE_WARP_LOOP(t, total)                                            \
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
        t - static_cast<int64_t>(threadIdx.x & 31) < (total); t += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 // T values moved as one aligned load (16 bytes for float x 4 or double x 2).
@@ -110,11 +112,31 @@ __global__ void forward_kernel(const T* __restrict__ value, const T* __restrict_
   }
 }
 
-template <class T>
+// target[0..kVec) += value[0..kVec) atomically: one vector atomic for float x 4 on sm_90, else per element.
+template <class T, int kVec>
+__device__ inline void atomic_add(T* target, const T (&value)[kVec]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kVector = std::is_same_v<T, float> && kVec == 4;
+#else
+  constexpr bool kVector = false;
+#endif
+  if constexpr (kVector) {
+    atomicAdd(reinterpret_cast<float4*>(target), make_float4(value[0], value[1], value[2], value[3]));
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) atomicAdd(target + j, value[j]);
+  }
+}
+
+// The backward in the forward's layout (vectors of kVec channels, `lanes` threads a row). Per sample, each lane
+// adds its channels' terms of the four dot products g . v_c and scatters a * w_c * g into grad_value; the lanes'
+// partial dots are then summed by shuffles in a fixed order, and lane 0 writes the sample's gradients.
+template <class T, int kVec>
 __global__ void backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ value,
                                 const T* __restrict__ locations, const T* __restrict__ weights, MSDeformAttnShape s,
                                 Levels levels, int lanes, T* grad_value, T* __restrict__ grad_locations,
                                 T* __restrict__ grad_weights) {
+  using V = Vec<T, kVec>;
   const int64_t rows = s.batch * s.queries * s.heads, lp = s.levels * s.points, d = s.channels;
   const int64_t key_stride = s.heads * d;
   OPBRIDGE_WARP_LOOP(t, rows * lanes) {
@@ -135,15 +157,22 @@ __global__ void backward_kernel(const T* __restrict__ grad_out, const T* __restr
         for (int c = 0; c < 4; ++c) inside[c] = active && sample.any && sample.inside[c];
         const T a = attn[i];
         T dots[4] = {T(0), T(0), T(0), T(0)};
-        for (int64_t c = lane; c < d; c += lanes) {
+        for (int64_t c0 = lane * kVec; c0 < d; c0 += lanes * kVec) {
           if (!active || !sample.any) break;
-          const T gc = g[c];
+          const V gv = *reinterpret_cast<const V*>(g + c0);
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             if (!inside[k]) continue;
-            const int64_t offset = sample.key[k] * key_stride + c;
-            dots[k] += gc * value_nm[offset];
-            atomicAdd(grad_value_nm + offset, a * sample.weight[k] * gc);
+            const int64_t offset = sample.key[k] * key_stride + c0;
+            const V v = *reinterpret_cast<const V*>(value_nm + offset);
+            const T scale = a * sample.weight[k];
+            T add[kVec];
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              dots[k] += gv.v[j] * v.v[j];
+              add[j] = scale * gv.v[j];
+            }
+            atomic_add<T, kVec>(grad_value_nm + offset, add);
           }
         }
         for (int offset = lanes / 2; offset > 0; offset /= 2) {
@@ -164,6 +193,16 @@ __global__ void backward_kernel(const T* __restrict__ grad_out, const T* __restr
   }
 }
 
+// Whether the vector kernels can serve: whole vectors a row, every vector accessed 16-byte aligned.
+template <class T>
+bool use_vectors(const MSDeformAttnShape& s, std::initializer_list<const void*> data) {
+  if (s.channels % (16 / sizeof(T)) != 0) return false;
+  for (const void* pointer : data) {
+    if (reinterpret_cast<uintptr_t>(pointer) % 16 != 0) return false;
+  }
+  return true;
+}
+
 Tensor ms_deform_attn_cuda(const Tensor& value, const Tensor& spatial_shapes, const Tensor& level_start_index,
                            const Tensor& sampling_locations, const Tensor& attention_weights) {
   const auto in =
@@ -176,8 +215,7 @@ Tensor ms_deform_attn_cuda(const Tensor& value, const Tensor& spatial_shapes, co
   api::dispatch_floating(value.scalar_type(), "opbridge::ms_deform_attn", [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);
-    const auto aligned = [](const void* data) { return reinterpret_cast<uintptr_t>(data) % 16 == 0; };
-    const bool vectors = s.channels % kVec == 0 && aligned(in.value.const_data_ptr()) && aligned(out.const_data_ptr());
+    const bool vectors = use_vectors<T>(s, {in.value.const_data_ptr(), out.const_data_ptr()});
     const int lanes = lanes_for(vectors ? s.channels / kVec : s.channels);
     const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * lanes);
     auto kernel = vectors ? forward_kernel<T, kVec> : forward_kernel<T, 1>;
@@ -215,15 +253,19 @@ std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cuda(const Tensor& gr
     return {grad_value, grad_locations, grad_weights};
   }
   const Levels levels = levels_of(in);
-  const int lanes = lanes_for(s.channels);
   const cuda::Context context(value);
-  const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * lanes);
   api::dispatch_floating(dtype, "opbridge::ms_deform_attn_backward", [&](auto tag) {
     using T = decltype(tag);
-    backward_kernel<T><<<blocks, cuda::kThreads, 0, context.stream>>>(
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vectors =
+        use_vectors<T>(s, {in.value.const_data_ptr(), g.const_data_ptr(), grad_value.const_data_ptr()});
+    const int lanes = lanes_for(vectors ? s.channels / kVec : s.channels);
+    const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * lanes);
+    auto kernel = vectors ? backward_kernel<T, kVec> : backward_kernel<T, 1>;
+    kernel<<<blocks, cuda::kThreads, 0, context.stream>>>(
         api::data<T>(g), api::data<T>(in.value), api::data<T>(in.sampling_locations),
-        api::data<T>(in.attention_weights), s, levels, lanes, api::data<T>(grad_value),
-        api::data<T>(grad_locations), api::data<T>(grad_weights));
+        api::data<T>(in.attention_weights), s, levels, lanes, api::data<T>(grad_value), api::data<T>(grad_locations),
+        api::data<T>(grad_weights));
   });
   cuda::check_launch("opbridge::ms_deform_attn_backward");
   return {grad_value, grad_locations, grad_weights};
