@@ -200,6 +200,12 @@ def bench(session: nox.Session) -> None:
         "--parity-report", str(ROOT / "reports" / "parity.json"),
         *session.posargs,
     )  # fmt: skip
+    # The CUDA ops against torchvision's CUDA kernels and the grid_sample reference, where torch sees a GPU
+    # (docs/benchmarks-cuda.md; says so and times nothing elsewhere).
+    session.run(
+        "python", "-m", "opbridge.tools.bench_cuda", "--json", str(ROOT / "reports" / "bench-cuda.json"),
+        "--markdown", str(ROOT / "docs" / "benchmarks-cuda.md"),
+    )  # fmt: skip
 
 
 @nox.session(default=False)
