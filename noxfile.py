@@ -303,7 +303,7 @@ def lint(session: nox.Session) -> None:
     session.install("ruff", "clang-format")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    sources = sorted(str(p) for p in (ROOT / "cpp").rglob("*") if p.suffix in {".h", ".cc", ".cpp"})
+    sources = sorted(str(p) for p in (ROOT / "cpp").rglob("*") if p.suffix in {".h", ".cc", ".cpp", ".cu", ".cuh"})
     session.run("clang-format", "--dry-run", "--Werror", *sources)
 
 

@@ -170,8 +170,8 @@ inline Status check_deform_conv2d(const DeformConv2dNames& names, const std::vec
 
 // Where kernel tap (i, j) of output pixel (oy, ox) samples the input, moved by its learned offset (dy, dx).
 template <class T>
-OPBRIDGE_HD inline void deform_conv2d_position(const DeformConv2dShape& s, int64_t oy, int64_t ox, int64_t i,
-                                               int64_t j, T dy, T dx, T& y, T& x) {
+OPBRIDGE_HD inline void deform_conv2d_position(const DeformConv2dShape& s, int64_t oy, int64_t ox, int64_t i, int64_t j,
+                                               T dy, T dx, T& y, T& x) {
   y = T(oy * s.stride_h - s.pad_top + i * s.dilation_h) + dy;
   x = T(ox * s.stride_w - s.pad_left + j * s.dilation_w) + dx;
 }

@@ -125,7 +125,8 @@ struct MSDeformAttnSample {
 };
 
 template <class T>
-OPBRIDGE_HD inline MSDeformAttnSample<T> ms_deform_attn_sample(T loc_x, T loc_y, int64_t height, int64_t width, int64_t start) {
+OPBRIDGE_HD inline MSDeformAttnSample<T> ms_deform_attn_sample(T loc_x, T loc_y, int64_t height, int64_t width,
+                                                               int64_t start) {
   MSDeformAttnSample<T> s;
   const T x = loc_x * static_cast<T>(width) - T(0.5), y = loc_y * static_cast<T>(height) - T(0.5);
   if (!(x > T(-1) && y > T(-1) && x < static_cast<T>(width) && y < static_cast<T>(height))) return s;  // NaN: out
@@ -159,10 +160,9 @@ OPBRIDGE_HD inline MSDeformAttnSample<T> ms_deform_attn_sample(T loc_x, T loc_y,
 // times corner c's value row; zero for a corner off the map) and its attention weight a.
 template <class T>
 OPBRIDGE_HD inline void ms_deform_attn_sample_grads(const MSDeformAttnSample<T>& sample, const T dots[4], T a,
-                                                    int64_t height, int64_t width, T& grad_attn, T& grad_x,
-                                                    T& grad_y) {
-  grad_attn = sample.weight[0] * dots[0] + sample.weight[1] * dots[1] + sample.weight[2] * dots[2] +
-              sample.weight[3] * dots[3];
+                                                    int64_t height, int64_t width, T& grad_attn, T& grad_x, T& grad_y) {
+  grad_attn =
+      sample.weight[0] * dots[0] + sample.weight[1] * dots[1] + sample.weight[2] * dots[2] + sample.weight[3] * dots[3];
   // d(sample)/dx = hy * (v01 - v00) + ly * (v11 - v10); x = loc_x * W - 0.5.
   const T dx = sample.high_y * (dots[1] - dots[0]) + sample.low_y * (dots[3] - dots[2]);
   const T dy = sample.high_x * (dots[2] - dots[0]) + sample.low_x * (dots[3] - dots[1]);

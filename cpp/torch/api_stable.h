@@ -62,7 +62,8 @@ inline Tensor zeros_on(const std::vector<int64_t>& shape, ScalarType dtype, cons
   return tensor;
 }
 inline Tensor to_cpu(const Tensor& tensor) {
-  return tensor.is_cpu() ? tensor : torch::stable::to(tensor, torch::stable::Device(torch::headeronly::DeviceType::CPU));
+  return tensor.is_cpu() ? tensor
+                         : torch::stable::to(tensor, torch::stable::Device(torch::headeronly::DeviceType::CPU));
 }
 
 inline Tensor empty(const std::vector<int64_t>& shape, ScalarType dtype) {

@@ -22,8 +22,8 @@ inline std::vector<int64_t> to_vector(IntList values) { return {values.begin(), 
 // Checks dtypes, devices and shapes (messages name the op, the argument and the expectation) and
 // returns the kernel's shape.
 inline kernels::DeformConv2dShape checked_shape(const Tensor& input, const Tensor& offset, const Tensor& weight,
-                                         const std::optional<Tensor>& bias, IntList stride, IntList padding,
-                                         IntList dilation, const std::optional<Tensor>& mask) {
+                                                const std::optional<Tensor>& bias, IntList stride, IntList padding,
+                                                IntList dilation, const std::optional<Tensor>& mask) {
   const auto dtype = input.scalar_type();
   OPBRIDGE_CHECK(dtype == api::ScalarType::Float || dtype == api::ScalarType::Double,
                  "opbridge::deform_conv2d: expected float32 or float64 tensors, got input of dtype ",

@@ -24,7 +24,7 @@ struct Inputs {
 };
 
 inline Inputs checked(const Tensor& value, const Tensor& spatial_shapes, const Tensor& level_start_index,
-               const Tensor& sampling_locations, const Tensor& attention_weights) {
+                      const Tensor& sampling_locations, const Tensor& attention_weights) {
   const auto dtype = value.scalar_type();
   OPBRIDGE_CHECK(dtype == api::ScalarType::Float || dtype == api::ScalarType::Double,
                  "opbridge::ms_deform_attn: expected float32 or float64 tensors, got value of dtype ",
