@@ -53,9 +53,17 @@ def op_modules() -> list[ModuleType]:
     ]
 
 
+def ort_target(module: ModuleType) -> str:
+    """``ort.<Node>`` for a node of the opbridge domain, ``ort.<domain>.<node>`` for another project's node."""
+    domain = getattr(module, "ORT_DOMAIN", "opbridge")
+    return f"ort.{module.ORT_NODE}" if domain == "opbridge" else f"ort.{domain}.{module.ORT_NODE}"
+
+
 def _targets(modules: list[ModuleType]) -> dict[str, tuple[ModuleType, str]]:
-    ort = {f"ort.{module.ORT_NODE}": (module, "ort") for module in modules if module.ORT_NODE}
-    return ort | {f"torch.{module.__name__.rsplit('.', 1)[1]}": (module, "torch") for module in modules}
+    ort = {ort_target(module): (module, "ort") for module in modules if module.ORT_NODE}
+    torch = {f"torch.{module.__name__.rsplit('.', 1)[1]}": (module, "torch") for module in modules
+             if hasattr(module, "run_torch")}  # fmt: skip
+    return ort | torch
 
 
 #: target -> (the op's fuzz module, "ort" or "torch")

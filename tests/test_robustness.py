@@ -172,6 +172,20 @@ def test_every_op_has_fuzz_targets():
         )
 
 
+def test_every_foreign_node_is_fuzzed():
+    """Each node of mmcv's or mmdeploy's that the ORT library runs has a fuzz target (ORT_DOMAIN), or shares the
+    kernel and checks of one that has (ORT_ALIASES)."""
+    import fuzz
+
+    covered = set()
+    for target, (module, kind) in fuzz.TARGETS.items():
+        if kind == "ort":
+            covered.add(f"{getattr(module, 'ORT_DOMAIN', 'opbridge')}::{module.ORT_NODE}")
+            covered.update(getattr(module, "ORT_ALIASES", []))
+    missing = sorted(f"{d}::{t}" for d, t in opbridge_ort.foreign_ops() if f"{d}::{t}" not in covered)
+    assert not missing, f"foreign nodes without a fuzz target: {missing} (ORT_DOMAIN / ORT_ALIASES in fuzz_cases)"
+
+
 def test_fuzz_detects_a_crash(tmp_path):
     """The driver must notice a worker that dies (here: a target that segfaults on purpose)."""
     script = tmp_path / "crashing_fuzz.py"

@@ -68,10 +68,10 @@ def tensor_info(name: str, dtype):
 
 
 def one_node_model(node, inputs, outputs) -> bytes:
-    """A model of one node in the opbridge domain, built as the ORT smoke cases build theirs."""
+    """A model of one node (in the opbridge domain or another), built as the ORT smoke cases build theirs."""
     from ort_cases._common import one_node_model as build
 
-    return build(node, inputs, outputs)
+    return build(node, inputs, outputs, domains=(node.domain,))
 
 
 def ort_session(library: str, model: bytes):
@@ -86,17 +86,22 @@ def ort_session(library: str, model: bytes):
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
-def run_one_node(session, op_type: str, inputs: list[str], arrays: dict, attributes: dict, out_dtype):
-    """Builds the one-node opbridge model of ``op_type`` over ``inputs`` (names into ``arrays``; empty names and
+def run_one_node(session, op_type: str, inputs: list[str], arrays: dict, attributes: dict, out_dtype,
+                 domain: str = "opbridge", outputs=None):  # fmt: skip
+    """Builds the one-node model of ``domain::op_type`` over ``inputs`` (names into ``arrays``; empty names and
     repeats as the case drew them), runs it, and returns ``(output, None)``, or ``(None, rejected(error))`` when
-    the runtime refused the model or the inputs."""
+    the runtime refused the model or the inputs. ``outputs``: the dtypes of several outputs (then ``output`` is
+    their list)."""
     from onnx import helper
 
-    node = helper.make_node(op_type, inputs, ["out"], domain="opbridge", **attributes)
+    dtypes = [out_dtype] if outputs is None else list(outputs)
+    names_out = [f"out{i}" if i else "out" for i in range(len(dtypes))]
+    node = helper.make_node(op_type, inputs, names_out, domain=domain, **attributes)
     names = [n for n in dict.fromkeys(inputs) if n]
-    model = one_node_model(node, [tensor_info(n, arrays[n].dtype.type) for n in names], [tensor_info("out", out_dtype)])
+    model = one_node_model(node, [tensor_info(n, arrays[n].dtype.type) for n in names],
+                           [tensor_info(n, d) for n, d in zip(names_out, dtypes)])  # fmt: skip
     try:
-        (out,) = session(model).run(None, {n: arrays[n] for n in names})
+        results = session(model).run(None, {n: arrays[n] for n in names})
     except Exception as error:
         return None, rejected(error)
-    return out, None
+    return (results[0] if outputs is None else results), None

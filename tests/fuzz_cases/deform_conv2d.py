@@ -24,6 +24,9 @@ from ._common import (
 )
 
 ORT_NODE = "DeformConv2d"
+#: Other projects' names of the node, run by the same kernel and checks (tests/ort_cases cover their
+#: attribute forms).
+ORT_ALIASES = ["mmcv::MMCVModulatedDeformConv2d", "mmdeploy::MMCVModulatedDeformConv2d"]
 
 
 def config(rng, kind: str) -> dict:

@@ -20,6 +20,9 @@ from ._common import (
 )
 
 ORT_NODE = "MultiScaleDeformableAttention"
+#: Other projects' names of the node, run by the same kernel and checks (tests/ort_cases cover their
+#: attribute forms).
+ORT_ALIASES = ["mmdeploy::MMCVMultiScaleDeformableAttention"]
 NAMES = ["value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"]
 
 

@@ -13,6 +13,9 @@ from ._common import INVALID_ACCEPTED, MATCH, chance, one_node_model, rejected, 
 from .box_iou_rotated import overlap, random_boxes
 
 ORT_NODE = "NmsRotated"
+#: Other projects' names of the node, run by the same kernel and checks (tests/ort_cases cover their
+#: attribute forms).
+ORT_ALIASES = ["mmdeploy::NMSRotated"]
 FLOATS = [np.float32, np.float64]
 
 

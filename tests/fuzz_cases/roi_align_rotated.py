@@ -13,6 +13,9 @@ import numpy as np
 from ._common import INVALID_ACCEPTED, MATCH, chance, close_values, rejected, run_one_node, to_torch
 
 ORT_NODE = "RoiAlignRotated"
+#: Other projects' names of the node, run by the same kernel and checks (tests/ort_cases cover their
+#: attribute forms).
+ORT_ALIASES = ["mmcv::MMCVRoIAlignRotated", "mmdeploy::MMCVRoIAlignRotated"]
 NAMES = ["input", "rois"]
 FLOATS = [np.float32, np.float64]
 SPECIAL = [np.nan, np.inf, -np.inf, 1e30, -1e30, 0.0, -2.0]
