@@ -84,44 +84,82 @@ void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(make_op<double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
 }
 
-// The node mmcv's and mmdeploy's exporters write for DCNv2 (ModulatedDeformConv2dFunction's symbolic):
-// MMCVModulatedDeformConv2d(input, offset, mask, weight[, bias]) with int attributes stride, padding,
-// dilation (pairs: height, width), groups and deform_groups, in the "mmcv" or "mmdeploy" domain. Same
-// kernel; mmdeploy's own ONNX Runtime kernel for it builds only against ORT <= 1.15.
-constexpr const char* kMmcvOp = "MMCVModulatedDeformConv2d";
-constexpr kernels::DeformConv2dNames kMmcvNames{kMmcvOp,
-                                                "input input (index 0)",
-                                                "input weight (index 3)",
-                                                "input offset (index 1)",
-                                                "input mask (index 2)",
-                                                "input bias (index 4)"};
+// The nodes mmcv's and mmdeploy's exporters write, in the "mmcv" or "mmdeploy" domain, with int attributes
+// stride, padding, dilation (height, width; one int serves both), groups and deform_groups. Same kernel.
+// - DCNv2 (ModulatedDeformConv2dFunction's symbolic): MMCVModulatedDeformConv2d(input, offset, mask, weight[,
+//   bias]). mmdeploy's own ONNX Runtime kernel for it builds only against ORT <= 1.15.
+// - DCNv1 (DeformConv2dFunction's symbolic): MMCVDeformConv2d(input, offset, weight), no mask and no bias
+//   (mmcv's attribute bias is always 0; im2col_step only batches mmcv's own kernel and is ignored). mmdeploy
+//   writes padding as four values [top, bottom, left, right] (each of (pad_h, pad_w) twice); neither project
+//   ever had an ONNX Runtime kernel for it.
+constexpr char kModulatedOp[] = "MMCVModulatedDeformConv2d";
+constexpr char kDcnV1Op[] = "MMCVDeformConv2d";
+constexpr kernels::DeformConv2dNames kModulatedNames{kModulatedOp,
+                                                     "input input (index 0)",
+                                                     "input weight (index 3)",
+                                                     "input offset (index 1)",
+                                                     "input mask (index 2)",
+                                                     "input bias (index 4)"};
+constexpr kernels::DeformConv2dNames kDcnV1Names{kDcnV1Op,          "input input (index 0)", "input weight (index 2)",
+                                                 "input offset (index 1)", "(no mask)",             "(no bias)"};
 
-std::vector<int64_t> int_pair_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name,
-                                        int64_t fallback) {
-  auto values = ints_attribute(api, info, kMmcvOp, name, {fallback, fallback});
+std::vector<int64_t> int_pair_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* op,
+                                        const char* name, int64_t fallback) {
+  auto values = ints_attribute(api, info, op, name, {fallback, fallback});
   if (values.size() == 1) values.push_back(values[0]);  // a single int for both dimensions
   return values;
 }
 
+// mmcv's attributes as the kernel's (ONNX DeformConv's pads order: top, left, bottom, right).
+kernels::DeformConv2dAttributes mmcv_attributes(const OrtApi* api, const OrtKernelInfo* info, const char* op) {
+  kernels::DeformConv2dAttributes attributes;
+  attributes.strides = int_pair_attribute(api, info, op, "stride", 1);
+  attributes.dilations = int_pair_attribute(api, info, op, "dilation", 1);
+  const auto padding = int_pair_attribute(api, info, op, "padding", 0);
+  if (padding.size() == 2) {
+    attributes.pads = {padding[0], padding[1], padding[0], padding[1]};
+  } else if (padding.size() == 4) {  // mmdeploy's [top, bottom, left, right]
+    attributes.pads = {padding[0], padding[2], padding[1], padding[3]};
+  } else {
+    throw std::invalid_argument(std::string(op) + ": attribute 'padding' must have 1, 2 (height, width) or 4 " +
+                                "(top, bottom, left, right) values, got " + kernels::shape_to_string(padding));
+  }
+  attributes.groups = int_attribute(api, info, op, "groups", 1);
+  attributes.offset_groups = int_attribute(api, info, op, "deform_groups", 1);
+  return attributes;
+}
+
 template <class T>
 struct MmcvModulatedDeformConv2d {
-  MmcvModulatedDeformConv2d(const OrtApi* api, const OrtKernelInfo* info) {
-    attributes.strides = int_pair_attribute(api, info, "stride", 1);
-    attributes.dilations = int_pair_attribute(api, info, "dilation", 1);
-    const auto padding = int_pair_attribute(api, info, "padding", 0);
-    attributes.pads = padding.size() == 2 ? std::vector<int64_t>{padding[0], padding[1], padding[0], padding[1]}
-                                          : padding;  // a wrong length is reported by the shape check
-    attributes.groups = int_attribute(api, info, kMmcvOp, "groups", 1);
-    attributes.offset_groups = int_attribute(api, info, kMmcvOp, "deform_groups", 1);
-  }
+  MmcvModulatedDeformConv2d(const OrtApi* api, const OrtKernelInfo* info)
+      : attributes(mmcv_attributes(api, info, kModulatedOp)) {}
 
   Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& x, const Ort::Custom::Tensor<T>& offset,
                       const Ort::Custom::Tensor<T>& /*mask, read as input 2*/, const Ort::Custom::Tensor<T>& w,
                       Ort::Custom::Tensor<T>& y) {
-    return guarded(kMmcvOp, [&] {
+    return guarded(kModulatedOp, [&] {
       Ort::KernelContext ctx(context);
-      return run_deform_conv2d(context, kMmcvNames, attributes, x, w, offset, ctx.GetInput(2), optional_input(ctx, 4),
-                               y);
+      return run_deform_conv2d(context, kModulatedNames, attributes, x, w, offset, ctx.GetInput(2),
+                               optional_input(ctx, 4), y);
+    });
+  }
+
+  kernels::DeformConv2dAttributes attributes;
+};
+
+template <class T>
+struct MmcvDeformConv2d {
+  MmcvDeformConv2d(const OrtApi* api, const OrtKernelInfo* info) : attributes(mmcv_attributes(api, info, kDcnV1Op)) {
+    if (int_attribute(api, info, kDcnV1Op, "bias", 0) != 0) {
+      throw std::invalid_argument(std::string(kDcnV1Op) +
+                                  ": attribute 'bias' must be 0 (mmcv's DeformConv2d has no bias input)");
+    }
+  }
+
+  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& x, const Ort::Custom::Tensor<T>& offset,
+                      const Ort::Custom::Tensor<T>& w, Ort::Custom::Tensor<T>& y) {
+    return guarded(kDcnV1Op, [&] {
+      return run_deform_conv2d(context, kDcnV1Names, attributes, x, w, offset, std::nullopt, std::nullopt, y);
     });
   }
 
@@ -129,17 +167,23 @@ struct MmcvModulatedDeformConv2d {
 };
 
 template <class T, ONNXTensorElementDataType Element>
-Ort::Custom::OrtLiteCustomOp* make_mmcv_op() {
+Ort::Custom::OrtLiteCustomOp* make_modulated_op() {
   auto* op = complete_op<0b10000>(
-      Ort::Custom::CreateLiteCustomOp<MmcvModulatedDeformConv2d<T>>(kMmcvOp, "CPUExecutionProvider"));
+      Ort::Custom::CreateLiteCustomOp<MmcvModulatedDeformConv2d<T>>(kModulatedOp, "CPUExecutionProvider"));
   op->GetInputTypeCount = [](const OrtCustomOp*) -> size_t { return 5; };  // and the optional bias
   op->GetInputType = [](const OrtCustomOp*, size_t) { return Element; };
   return op;
 }
 
 void append_mmcv_modulated_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(make_mmcv_op<float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>());
-  ops.push_back(make_mmcv_op<double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
+  ops.push_back(make_modulated_op<float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>());
+  ops.push_back(make_modulated_op<double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
+}
+
+void append_mmcv_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<MmcvDeformConv2d<float>>(kDcnV1Op, "CPUExecutionProvider")));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<MmcvDeformConv2d<double>>(kDcnV1Op, "CPUExecutionProvider")));
 }
 
 }  // namespace
@@ -147,5 +191,7 @@ void append_mmcv_modulated_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomO
 OPBRIDGE_ORT_OP(DeformConv2d, 1, append_deform_conv2d);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVModulatedDeformConv2d, 1, append_mmcv_modulated_deform_conv2d);
 OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVModulatedDeformConv2d, 1, append_mmcv_modulated_deform_conv2d);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVDeformConv2d, 1, append_mmcv_deform_conv2d);
+OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVDeformConv2d, 1, append_mmcv_deform_conv2d);
 
 }  // namespace opbridge::ort

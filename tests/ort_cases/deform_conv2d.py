@@ -258,4 +258,55 @@ def check_mmcv_modulated_deform_conv2d(library: str) -> None:
     expect_error(lambda: session(library, model).run(None, bad), "MMCVModulatedDeformConv2d", "input mask (index 2)")
 
 
-CHECKS = [check_deform_conv2d_values, check_deform_conv2d_bad_input, check_mmcv_modulated_deform_conv2d]
+def dcn_v1_model(domain: str, dtype=np.float32, **attributes) -> bytes:
+    """The node as mmcv's (domain "mmcv") and mmdeploy's ("mmdeploy") DCNv1 symbolics write it:
+    MMCVDeformConv2d(input, offset, weight), attributes stride, padding, dilation, groups, deform_groups (mmcv also
+    bias=0 and im2col_step)."""
+    elem = DTYPES[dtype]
+    inputs = ["input", "offset", "weight"]
+    return one_node_model(
+        helper.make_node("MMCVDeformConv2d", inputs, ["output"], domain=domain, **attributes),
+        [helper.make_tensor_value_info(name, elem, None) for name in inputs],
+        [helper.make_tensor_value_info("output", elem, None)],
+        domains=(domain,),
+    )
+
+
+def dcn_v1_attributes(domain: str, pad_h: int, pad_w: int, stride, dilation, groups, deform_groups) -> dict:
+    """mmcv's symbolic writes padding (pad_h, pad_w) and bias/im2col_step; mmdeploy's writes padding as
+    [pad_h, pad_h, pad_w, pad_w] (zip(padding, padding)) and neither."""
+    attributes = {"stride": list(stride), "dilation": list(dilation), "groups": groups, "deform_groups": deform_groups}
+    if domain == "mmcv":
+        return {**attributes, "padding": [pad_h, pad_w], "bias": 0, "im2col_step": 32}
+    return {**attributes, "padding": [pad_h, pad_h, pad_w, pad_w]}
+
+
+def check_mmcv_deform_conv2d(library: str) -> None:
+    """DCNv1 (mmcv's DeformConv2d: RepPoints, CenterPoint), in both domains, with unequal height and width
+    padding (so a swapped pair would show)."""
+    rng = np.random.default_rng(5)
+    for domain in ("mmcv", "mmdeploy"):
+        for dtype, tolerance in ((np.float32, 1e-4), (np.float64, 1e-10)):
+            feeds, attributes = deform_case(rng, dtype, pads=(2, 1, 2, 1), stride=(1, 2), dilation=(2, 1))
+            model = dcn_v1_model(domain, dtype, **dcn_v1_attributes(domain, 2, 1, attributes["strides"],
+                                 attributes["dilations"], attributes["group"], attributes["offset_group"]))  # fmt: skip
+            (y,) = session(library, model, 2).run(
+                None, {"input": feeds["X"], "offset": feeds["offset"], "weight": feeds["W"]}
+            )
+            expected = deform_conv2d_reference(
+                feeds["X"], feeds["W"], feeds["offset"], None, None, attributes["strides"], attributes["pads"],
+                attributes["dilations"], attributes["group"], attributes["offset_group"],
+            )  # fmt: skip
+            np.testing.assert_allclose(y, expected, rtol=tolerance, atol=tolerance)
+    feeds, attributes = deform_case(rng, np.float32)
+    good = dcn_v1_attributes("mmcv", 0, 0, (1, 1), (1, 1), attributes["group"], attributes["offset_group"])
+    bad = {"input": feeds["X"], "offset": feeds["offset"][:, :3], "weight": feeds["W"]}
+    expect_error(lambda: session(library, dcn_v1_model("mmcv", **good)).run(None, bad), "MMCVDeformConv2d",
+                 "input offset (index 1)")  # fmt: skip
+    expect_error(lambda: session(library, dcn_v1_model("mmcv", **{**good, "bias": 1})), "attribute 'bias' must be 0")
+    expect_error(lambda: session(library, dcn_v1_model("mmdeploy", **{**good, "padding": [1, 1, 1]})),
+                 "attribute 'padding'", "(top, bottom, left, right)")  # fmt: skip
+
+
+CHECKS = [check_deform_conv2d_values, check_deform_conv2d_bad_input, check_mmcv_modulated_deform_conv2d,
+          check_mmcv_deform_conv2d]  # fmt: skip
