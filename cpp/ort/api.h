@@ -85,6 +85,22 @@ inline float float_attribute(const OrtApi* api, const OrtKernelInfo* info, const
   return absent ? fallback : value;
 }
 
+inline std::string string_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* op, const char* name,
+                                    std::string fallback) {
+  size_t size = 0;
+  if (attribute_detail::absent(api, api->KernelInfoGetAttribute_string(info, name, nullptr, &size), op, name,
+                               "a string")) {
+    return fallback;
+  }
+  std::string value(size, '\0');  // size counts the terminating NUL
+  if (size > 0) {
+    attribute_detail::absent(api, api->KernelInfoGetAttribute_string(info, name, value.data(), &size), op, name,
+                             "a string");
+    value.resize(size > 0 ? size - 1 : 0);
+  }
+  return value;
+}
+
 inline std::vector<int64_t> ints_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* op,
                                            const char* name, std::vector<int64_t> fallback) {
   size_t size = 0;

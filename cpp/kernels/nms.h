@@ -1,0 +1,148 @@
+// Non-maximum suppression of axis-aligned boxes (x1, y1, x2, y2) with mmcv's semantics, framework-free: hard
+// NMS (mmcv::NonMaxSuppression) and soft NMS (mmcv::SoftNonMaxSuppression), both with mmcv's `offset` (a box
+// is x2 - x1 + offset wide: 1 for the old pixel-inclusive convention).
+//
+// IoU = inter / (area_i + area_j - inter), inter = max(0, min(x2) - max(x1) + offset) * (likewise in y), area =
+// (x2 - x1 + offset) * (y2 - y1 + offset), unclamped, in the boxes' type. A NaN IoU (two empty boxes with
+// offset 0) suppresses nothing.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/nms_rotated.h"  // descending_order
+
+namespace opbridge::kernels {
+
+// boxes [N, 4], scores [N].
+inline Status check_nms(const char* op, const std::vector<int64_t>& boxes, const std::vector<int64_t>& scores,
+                        int64_t& count) {
+  const std::string prefix = std::string(op) + ": ";
+  if (boxes.size() != 2 || boxes[1] != 4) {
+    return {prefix + "input boxes (index 0) must have shape [N, 4] (x1, y1, x2, y2), got " + shape_to_string(boxes)};
+  }
+  if (scores.size() != 1 || scores[0] != boxes[0]) {
+    return {prefix + "input scores (index 1) must have shape [N] with N = boxes.shape[0] = " +
+            std::to_string(boxes[0]) + ", got " + shape_to_string(scores)};
+  }
+  count = boxes[0];
+  return {};
+}
+
+inline Status check_nms_offset(const char* op, int64_t offset) {
+  if (offset == 0 || offset == 1) return {};
+  return {std::string(op) + ": attribute 'offset' must be 0 or 1 (boxes are x2 - x1 + offset wide), got " +
+          std::to_string(offset)};
+}
+
+namespace nms_detail {
+
+template <class T>
+T area(const T* b, T offset) {
+  return (b[2] - b[0] + offset) * (b[3] - b[1] + offset);
+}
+
+template <class T>
+T iou(const T* a, const T* b, T area_a, T area_b, T offset) {
+  const T w = std::max(T(0), std::min(a[2], b[2]) - std::max(a[0], b[0]) + offset);
+  const T h = std::max(T(0), std::min(a[3], b[3]) - std::max(a[1], b[1]) + offset);
+  const T inter = w * h;
+  return inter / (area_a + area_b - inter);
+}
+
+}  // namespace nms_detail
+
+// The kept indices in decreasing score order (a stable sort: equal scores keep their input order; NaN first).
+// A box is suppressed by a kept box of higher rank with IoU > iou_threshold (strictly, as mmcv >= 1.3.12).
+template <class T>
+std::vector<int64_t> nms(const T* boxes, const T* scores, int64_t count, double iou_threshold, int64_t offset) {
+  const auto order = descending_order(scores, count);
+  std::vector<T> areas(static_cast<size_t>(count));
+  const T off = static_cast<T>(offset), threshold = static_cast<T>(iou_threshold);
+  for (int64_t i = 0; i < count; ++i) areas[i] = nms_detail::area(boxes + 4 * i, off);
+  std::vector<char> suppressed(static_cast<size_t>(count), 0);
+  std::vector<int64_t> keep;
+  for (size_t r = 0; r < order.size(); ++r) {
+    if (suppressed[r]) continue;
+    const int64_t i = order[r];
+    keep.push_back(i);
+    for (size_t s = r + 1; s < order.size(); ++s) {
+      if (suppressed[s]) continue;
+      const int64_t j = order[s];
+      if (nms_detail::iou(boxes + 4 * i, boxes + 4 * j, areas[i], areas[j], off) > threshold) suppressed[s] = 1;
+    }
+  }
+  return keep;
+}
+
+enum class SoftNmsMethod : int64_t { naive = 0, linear = 1, gaussian = 2 };
+
+inline Status check_soft_nms_method(const char* op, int64_t method) {
+  if (method >= 0 && method <= 2) return {};
+  return {std::string(op) + ": attribute 'method' must be 0 (naive), 1 (linear) or 2 (gaussian), got " +
+          std::to_string(method)};
+}
+
+// Soft NMS as mmcv computes it (its CPU op and its ONNX Runtime kernel run the same algorithm; the order of the
+// result depends on it, so it is followed step by step): round i picks the highest score among the boxes not
+// yet picked (the first position on ties, positions being those of a working copy that picks and drops
+// reorder), then decays every later box by the picked one:
+//   naive: score = 0 if IoU >= iou_threshold;  linear: score *= 1 - IoU if IoU >= iou_threshold;
+//   gaussian: score *= exp(-IoU^2 / sigma) (mmcv divides by sigma, not 2 sigma; no threshold).
+// A decayed score below min_score drops the box: the last box of the working copy moves into its place and is
+// decayed in turn. `dets` gets rows (x1, y1, x2, y2, score at its pick), `inds` the input indices, in pick
+// order. The first pick is never compared with min_score.
+template <class T>
+void soft_nms(const T* boxes, const T* scores, int64_t count, double iou_threshold, double sigma, double min_score,
+              SoftNmsMethod method, int64_t offset, std::vector<T>& dets, std::vector<int64_t>& inds) {
+  struct Box {
+    T x[4];
+    T score, area;
+    int64_t index;
+  };
+  const T off = static_cast<T>(offset), threshold = static_cast<T>(iou_threshold);
+  const T sigma_t = static_cast<T>(sigma), min_score_t = static_cast<T>(min_score);
+  std::vector<Box> work(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    Box& b = work[i];
+    std::copy(boxes + 4 * i, boxes + 4 * i + 4, b.x);
+    b.score = scores[i];
+    b.area = nms_detail::area(b.x, off);
+    b.index = i;
+  }
+  int64_t active = count;
+  for (int64_t i = 0; i < active; ++i) {
+    int64_t best = i;
+    for (int64_t p = i + 1; p < active; ++p) {
+      if (work[best].score < work[p].score) best = p;
+    }
+    std::swap(work[i], work[best]);
+    const Box& picked = work[i];
+    dets.insert(dets.end(), {picked.x[0], picked.x[1], picked.x[2], picked.x[3], picked.score});
+    inds.push_back(picked.index);
+    for (int64_t p = i + 1; p < active;) {
+      Box& other = work[p];
+      const T overlap = nms_detail::iou(picked.x, other.x, picked.area, other.area, off);
+      T weight = 1;
+      if (method == SoftNmsMethod::naive) {
+        if (overlap >= threshold) weight = 0;
+      } else if (method == SoftNmsMethod::linear) {
+        if (overlap >= threshold) weight = 1 - overlap;
+      } else {
+        weight = std::exp(-(overlap * overlap) / sigma_t);
+      }
+      other.score *= weight;
+      if (other.score < min_score_t) {
+        work[p] = work[active - 1];
+        --active;
+      } else {
+        ++p;
+      }
+    }
+  }
+}
+
+}  // namespace opbridge::kernels

@@ -1,0 +1,136 @@
+// RoIAlign over axis-aligned rois with mmcv's semantics (mmcv::MMCVRoiAlign: average or maximum pooling),
+// framework-free. The bilinear samples are roi_align_rotated.h's at angle 0; only the roi geometry and the max
+// pooling are this file's.
+//
+// input [N, C, H, W]; rois [K, 5] = (batch index, x1, y1, x2, y2); out [K, C, PH, PW].
+// For roi k: start = (x1, y1) * spatial_scale - (0.5 if aligned), size = (x2 - x1, y2 - y1) * spatial_scale, at
+// least 1 x 1 without `aligned` (mmdetection's legacy mode; the start stays). Bin (i, j) takes a grid of gh x gw
+// bilinear samples, gh = sampling_ratio if > 0 else ceil(roi height / PH) (gw likewise), at
+//   y = start_y + (i + (iy + 0.5) / gh) * height / PH,   x = start_x + (j + (ix + 0.5) / gw) * width / PW;
+// a sample more than one pixel outside the map reads 0 (and takes part in the maximum as 0).
+// - avg: the mean of the samples (0 for an empty grid);
+// - max: their maximum, starting from -10000 as mmcv's CPU kernels do: an empty grid (a roi of zero size with
+//   `aligned`) gives -10000, as it does in mmcv; NaN samples are passed over.
+// A roi with a NaN or infinite number (after scaling) gives NaN. The batch index must be an integer in [0, N).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/roi_align_rotated.h"
+
+namespace opbridge::kernels {
+
+struct RoiAlignAttributes {
+  int64_t pooled_height = 1, pooled_width = 1, sampling_ratio = 0;
+  double spatial_scale = 1.0;
+  bool aligned = true, max_pool = false;
+};
+
+// mmcv's max pooling starts from this value (its CPU and ONNX Runtime kernels).
+constexpr double kRoiAlignMaxStart = -10000.0;
+
+// The checks of roi_align_rotated.h with 5-column rois. Fills `shape`.
+inline Status check_roi_align(const RoiAlignRotatedNames& names, const std::vector<int64_t>& input,
+                              const std::vector<int64_t>& rois, const RoiAlignAttributes& a,
+                              RoiAlignRotatedShape& shape) {
+  if (rois.size() != 2 || rois[1] != 5) {
+    return {std::string(names.op) + ": " + names.rois +
+            " must have shape [rois, 5] (batch index, x1, y1, x2, y2), got " + shape_to_string(rois)};
+  }
+  RoiAlignRotatedAttributes rotated;
+  rotated.pooled_height = a.pooled_height;
+  rotated.pooled_width = a.pooled_width;
+  rotated.sampling_ratio = a.sampling_ratio;
+  rotated.spatial_scale = a.spatial_scale;
+  return check_roi_align_rotated(names, input, {rois[0], 6}, rotated, shape);
+}
+
+// Reads every roi into roi_align_rotated.h's geometry (angle 0) and checks its batch index and grid.
+template <class T>
+Status read_rois(const RoiAlignRotatedNames& names, const T* rois, const RoiAlignRotatedShape& shape,
+                 const RoiAlignAttributes& a, std::vector<roi_align_rotated_detail::Roi>& out) {
+  out.resize(static_cast<size_t>(shape.rois));
+  const double offset = a.aligned ? 0.5 : 0.0;
+  for (int64_t k = 0; k < shape.rois; ++k) {
+    const T* roi = rois + 5 * k;
+    const double index = roi[0];
+    if (!(index >= 0 && index < static_cast<double>(shape.batch) && std::floor(index) == index)) {
+      return {std::string(names.op) + ": " + names.rois + "[" + std::to_string(k) +
+              ", 0] (the batch index) must be an integer in [0, " + std::to_string(shape.batch) + "), got " +
+              std::to_string(index)};
+    }
+    roi_align_rotated_detail::Roi& r = out[k];
+    r.batch = static_cast<int64_t>(index);
+    const double x0 = roi[1] * a.spatial_scale - offset, y0 = roi[2] * a.spatial_scale - offset;
+    r.w = (roi[3] * a.spatial_scale - offset) - x0;
+    r.h = (roi[4] * a.spatial_scale - offset) - y0;
+    r.finite = std::isfinite(x0) && std::isfinite(y0) && std::isfinite(r.w) && std::isfinite(r.h);
+    if (!a.aligned) {
+      r.w = std::max(r.w, 1.0);
+      r.h = std::max(r.h, 1.0);
+    }
+    r.cx = x0 + 0.5 * r.w;
+    r.cy = y0 + 0.5 * r.h;
+    r.cos_t = 1.0;
+    r.sin_t = 0.0;
+    if (a.sampling_ratio > 0) {
+      r.grid_h = r.grid_w = a.sampling_ratio;
+    } else if (r.finite) {
+      // A negative size (x2 < x1 with `aligned`) samples nothing, as in mmcv.
+      const double limit = static_cast<double>(kMaxRoiSamples) + 1;
+      r.grid_h = static_cast<int64_t>(std::clamp(std::ceil(r.h / a.pooled_height), 0.0, limit));
+      r.grid_w = static_cast<int64_t>(std::clamp(std::ceil(r.w / a.pooled_width), 0.0, limit));
+    }
+    const double samples = static_cast<double>(r.grid_h) * r.grid_w * shape.pooled_height * shape.pooled_width;
+    if (samples > static_cast<double>(kMaxRoiSamples)) {
+      return {std::string(names.op) + ": roi " + std::to_string(k) + " (w " + std::to_string(r.w) + ", h " +
+              std::to_string(r.h) + " feature pixels) would take " + std::to_string(r.grid_h) + " x " +
+              std::to_string(r.grid_w) + " samples per bin with sampling_ratio <= 0 (adaptive); pass a " +
+              "sampling_ratio > 0 or rois on the feature map's scale"};
+    }
+  }
+  return {};
+}
+
+template <class T, class ParallelFor>
+void roi_align(const T* input, const std::vector<roi_align_rotated_detail::Roi>& rois, T* out,
+               const RoiAlignRotatedShape& shape, bool max_pool, ParallelFor&& parallel_for) {
+  if (!max_pool) {  // the average is roi_align_rotated's at angle 0
+    roi_align_rotated(input, rois, out, shape, parallel_for);
+    return;
+  }
+  using namespace roi_align_rotated_detail;
+  const int64_t bins = shape.pooled_height * shape.pooled_width, plane = shape.height * shape.width;
+  parallel_for(shape.rois, [&](int64_t k) {
+    const Roi& r = rois[k];
+    T* y = out + k * shape.channels * bins;
+    if (!r.finite) {
+      std::fill(y, y + shape.channels * bins, std::numeric_limits<T>::quiet_NaN());
+      return;
+    }
+    std::vector<Sample> samples;
+    roi_samples(r, shape, samples);
+    const int64_t grid = r.grid_h * r.grid_w;
+    for (int64_t c = 0; c < shape.channels; ++c) {
+      const T* map = input + (r.batch * shape.channels + c) * plane;
+      for (int64_t bin = 0; bin < bins; ++bin) {
+        double best = kRoiAlignMaxStart;
+        const Sample* s = samples.data() + bin * grid;
+        for (int64_t g = 0; g < grid; ++g, ++s) {
+          const double value = s->inside ? s->weight[0] * map[s->index[0]] + s->weight[1] * map[s->index[1]] +
+                                               s->weight[2] * map[s->index[2]] + s->weight[3] * map[s->index[3]]
+                                         : 0.0;
+          if (value > best) best = value;  // a NaN sample is passed over, as in mmcv
+        }
+        y[c * bins + bin] = static_cast<T>(best);
+      }
+    }
+  });
+}
+
+}  // namespace opbridge::kernels

@@ -1,0 +1,129 @@
+// ORT adapters of kernels/nms.h, under the nodes mmcv's exporter writes for mmcv.ops.nms and mmcv.ops.soft_nms
+// (two-stage detectors' RPN and test-time NMS; soft NMS in mmdetection's test_cfg):
+// - mmcv::NonMaxSuppression(boxes [N, 4], scores [N]) -> indices [M] int64 in decreasing score order, attributes
+//   iou_threshold (float) and offset (int, 0 or 1). (Not ONNX's NonMaxSuppression: mmcv's domain, mmcv's
+//   contract.) mmcv's symbolic drops nms's score_threshold and max_num: the node has neither.
+// - mmcv::SoftNonMaxSuppression(boxes [N, 4], scores [N]) -> (dets [M, 5] = (x1, y1, x2, y2, decayed score),
+//   inds [M] int64), attributes iou_threshold, sigma, min_score (floats), method (0 naive, 1 linear, 2
+//   gaussian) and offset (ints).
+// mmcv's kernels require every attribute; absent here, they take mmcv.ops.nms's and soft_nms's Python defaults
+// (iou_threshold 0.3 for soft NMS, sigma 0.5, min_score 1e-3, method linear, offset 0; NMS has no default
+// threshold, so it is required). float and double.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/nms.h"
+#include "ort/api.h"
+
+namespace opbridge::ort {
+namespace {
+
+constexpr char kNmsOp[] = "mmcv::NonMaxSuppression";
+constexpr char kSoftNmsOp[] = "mmcv::SoftNonMaxSuppression";
+constexpr char kCpu[] = "CPUExecutionProvider";
+
+void throw_if(const kernels::Status& status) {
+  if (!status.ok()) throw std::invalid_argument(status.message);
+}
+
+// A float attribute that must be present and finite.
+float required_float(const OrtApi* api, const OrtKernelInfo* info, const char* op, const char* name) {
+  const float value = float_attribute(api, info, op, name, NAN);
+  if (!std::isfinite(value)) {
+    throw std::invalid_argument(std::string(op) + ": attribute '" + name + "' (a finite float) is required");
+  }
+  return value;
+}
+
+template <class T>
+struct NonMaxSuppression {
+  NonMaxSuppression(const OrtApi* api, const OrtKernelInfo* info)
+      : iou_threshold(required_float(api, info, kNmsOp, "iou_threshold")),
+        offset(int_attribute(api, info, kNmsOp, "offset", 0)) {
+    throw_if(kernels::check_nms_offset(kNmsOp, offset));
+  }
+
+  Ort::Status Compute(const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
+                      Ort::Custom::Tensor<int64_t>& indices) {
+    return guarded(kNmsOp, [&] {
+      int64_t count = 0;
+      const auto status = kernels::check_nms(kNmsOp, boxes.Shape(), scores.Shape(), count);
+      if (!status.ok()) return from_kernel(status);
+      std::vector<int64_t> kept;
+      if (count > 0) kept = kernels::nms(boxes.Data(), scores.Data(), count, iou_threshold, offset);
+      int64_t* out = indices.Allocate({static_cast<int64_t>(kept.size())});
+      std::copy(kept.begin(), kept.end(), out);
+      return Ort::Status(nullptr);
+    });
+  }
+
+  double iou_threshold;
+  int64_t offset;
+};
+
+template <class T>
+struct SoftNonMaxSuppression {
+  SoftNonMaxSuppression(const OrtApi* api, const OrtKernelInfo* info)
+      : iou_threshold(float_attribute(api, info, kSoftNmsOp, "iou_threshold", 0.3f)),
+        sigma(float_attribute(api, info, kSoftNmsOp, "sigma", 0.5f)),
+        min_score(float_attribute(api, info, kSoftNmsOp, "min_score", 1e-3f)),
+        method(int_attribute(api, info, kSoftNmsOp, "method", 1)),
+        offset(int_attribute(api, info, kSoftNmsOp, "offset", 0)) {
+    throw_if(kernels::check_nms_offset(kSoftNmsOp, offset));
+    throw_if(kernels::check_soft_nms_method(kSoftNmsOp, method));
+    if (!std::isfinite(iou_threshold) || std::isnan(min_score)) {
+      throw std::invalid_argument(std::string(kSoftNmsOp) +
+                                  ": attributes 'iou_threshold' and 'min_score' must be numbers, got " +
+                                  std::to_string(iou_threshold) + " and " + std::to_string(min_score));
+    }
+    if (method == 2 && !(std::isfinite(sigma) && sigma > 0)) {
+      throw std::invalid_argument(std::string(kSoftNmsOp) +
+                                  ": attribute 'sigma' must be a positive finite float for the gaussian method, got " +
+                                  std::to_string(sigma));
+    }
+  }
+
+  Ort::Status Compute(const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
+                      Ort::Custom::Tensor<T>& dets, Ort::Custom::Tensor<int64_t>& inds) {
+    return guarded(kSoftNmsOp, [&] {
+      int64_t count = 0;
+      const auto status = kernels::check_nms(kSoftNmsOp, boxes.Shape(), scores.Shape(), count);
+      if (!status.ok()) return from_kernel(status);
+      std::vector<T> rows;
+      std::vector<int64_t> picked;
+      if (count > 0) {
+        kernels::soft_nms(boxes.Data(), scores.Data(), count, iou_threshold, sigma, min_score,
+                          static_cast<kernels::SoftNmsMethod>(method), offset, rows, picked);
+      }
+      const auto kept = static_cast<int64_t>(picked.size());
+      std::copy(rows.begin(), rows.end(), dets.Allocate({kept, 5}));
+      std::copy(picked.begin(), picked.end(), inds.Allocate({kept}));
+      return Ort::Status(nullptr);
+    });
+  }
+
+  double iou_threshold, sigma, min_score;
+  int64_t method, offset;
+};
+
+void append_nms(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<NonMaxSuppression<float>>("NonMaxSuppression", kCpu)));
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<NonMaxSuppression<double>>("NonMaxSuppression", kCpu)));
+}
+
+void append_soft_nms(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<SoftNonMaxSuppression<float>>("SoftNonMaxSuppression", kCpu)));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<SoftNonMaxSuppression<double>>("SoftNonMaxSuppression", kCpu)));
+}
+
+}  // namespace
+
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, NonMaxSuppression, 1, append_nms);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, SoftNonMaxSuppression, 1, append_soft_nms);
+
+}  // namespace opbridge::ort

@@ -1,0 +1,66 @@
+// ORT adapter of kernels/roi_align.h under the node mmcv's exporter writes for mmcv.ops.RoIAlign (the RoI heads of
+// two-stage detectors: Faster/Mask/Cascade R-CNN in mmdetection, mmocr's Mask R-CNN, mmtracking):
+// mmcv::MMCVRoiAlign(input [N, C, H, W], rois [K, 5] = (batch index, x1, y1, x2, y2)) -> [K, C, output_height,
+// output_width], attributes output_height, output_width, sampling_ratio (ints), spatial_scale (float), mode
+// (string "avg" or "max") and aligned (int 0 or 1). mmcv's kernel required every attribute; absent here, they take
+// mmcv.ops.RoIAlign's defaults (sampling_ratio 0, mode "avg", aligned 1, scale 1) except the output size,
+// which is required. float and double.
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/roi_align.h"
+#include "ort/api.h"
+
+namespace opbridge::ort {
+namespace {
+
+constexpr char kOp[] = "mmcv::MMCVRoiAlign";
+
+template <class T>
+struct MmcvRoiAlign {
+  MmcvRoiAlign(const OrtApi* api, const OrtKernelInfo* info) {
+    attributes.pooled_height = int_attribute(api, info, kOp, "output_height", 0);
+    attributes.pooled_width = int_attribute(api, info, kOp, "output_width", 0);
+    attributes.spatial_scale = float_attribute(api, info, kOp, "spatial_scale", 1.0f);
+    attributes.sampling_ratio = int_attribute(api, info, kOp, "sampling_ratio", 0);
+    attributes.aligned = bool_attribute(api, info, kOp, "aligned", true);
+    const std::string mode = string_attribute(api, info, kOp, "mode", "avg");
+    if (mode != "avg" && mode != "max") {
+      throw std::invalid_argument(std::string(kOp) + ": attribute 'mode' must be \"avg\" or \"max\", got \"" + mode +
+                                  "\"");
+    }
+    attributes.max_pool = mode == "max";
+  }
+
+  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& input,
+                      const Ort::Custom::Tensor<T>& rois, Ort::Custom::Tensor<T>& out) {
+    return guarded(kOp, [&] {
+      const kernels::RoiAlignRotatedNames names{kOp, "input input (index 0)", "input rois (index 1)"};
+      kernels::RoiAlignRotatedShape shape;
+      auto status = kernels::check_roi_align(names, input.Shape(), rois.Shape(), attributes, shape);
+      if (!status.ok()) return from_kernel(status);
+      std::vector<kernels::roi_align_rotated_detail::Roi> read;
+      status = kernels::read_rois(names, rois.Data(), shape, attributes, read);
+      if (!status.ok()) return from_kernel(status);
+      T* y = out.Allocate({shape.rois, shape.channels, shape.pooled_height, shape.pooled_width});
+      if (shape.rois == 0 || shape.channels == 0) return Ort::Status(nullptr);
+      kernels::roi_align(input.Data(), read, y, shape, attributes.max_pool, SessionThreads(context));
+      return Ort::Status(nullptr);
+    });
+  }
+
+  kernels::RoiAlignAttributes attributes;
+};
+
+void append_mmcv_roi_align(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<MmcvRoiAlign<float>>("MMCVRoiAlign", "CPUExecutionProvider")));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<MmcvRoiAlign<double>>("MMCVRoiAlign", "CPUExecutionProvider")));
+}
+
+}  // namespace
+
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRoiAlign, 1, append_mmcv_roi_align);
+
+}  // namespace opbridge::ort
