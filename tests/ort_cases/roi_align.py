@@ -84,6 +84,9 @@ def roi_align_reference(x, rois, output_size, spatial_scale, sampling_ratio, mod
     for k, (b, x1, y1, x2, y2) in enumerate(rois.tolist()):
         sx, sy = x1 * spatial_scale - offset, y1 * spatial_scale - offset
         w, h = x2 * spatial_scale - offset - sx, y2 * spatial_scale - offset - sy
+        if not all(math.isfinite(v) for v in (sx, sy, w, h)):
+            out[k] = np.nan  # a roi with a NaN or infinite number
+            continue
         if not aligned:
             w, h = max(w, 1.0), max(h, 1.0)
         gh = sampling_ratio if sampling_ratio > 0 else max(math.ceil(h / ph), 0)
