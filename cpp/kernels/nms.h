@@ -145,4 +145,63 @@ void soft_nms(const T* boxes, const T* scores, int64_t count, double iou_thresho
   }
 }
 
+// mmdeploy's NMSMatch: boxes [B, N, 4], scores [B, C, N]. For each batch and class, greedy NMS in decreasing
+// score order (stable, NaN first) where a kept box suppresses every later live box with IoU >= iou_threshold,
+// IoU = inter / (area_i + area_j - inter + 1e-10) with areas (x2 - x1) * (y2 - y1), in double, rounded to T
+// as mmdeploy's kernel does. A kept box whose score is > score_threshold gives one row (batch, class, kept,
+// suppressed) per box it suppressed, in suppression order; one at or below the threshold gives none but still
+// suppresses. Rows in batch, class, then decreasing score order.
+inline Status check_nms_match(const char* op, const std::vector<int64_t>& boxes, const std::vector<int64_t>& scores,
+                              int64_t& batch, int64_t& classes, int64_t& count) {
+  const std::string prefix = std::string(op) + ": ";
+  if (boxes.size() != 3 || boxes[2] != 4) {
+    return {prefix + "input boxes (index 0) must have shape [batch, boxes, 4] (x1, y1, x2, y2), got " +
+            shape_to_string(boxes)};
+  }
+  if (scores.size() != 3 || scores[0] != boxes[0] || scores[2] != boxes[1]) {
+    return {prefix + "input scores (index 1) must have shape [batch, classes, boxes] = [" + std::to_string(boxes[0]) +
+            ", classes, " + std::to_string(boxes[1]) + "], got " + shape_to_string(scores)};
+  }
+  batch = boxes[0];
+  classes = scores[1];
+  count = boxes[1];
+  return {};
+}
+
+template <class T, class ParallelFor>
+std::vector<int64_t> nms_match(const T* boxes, const T* scores, int64_t batch, int64_t classes, int64_t count,
+                               T iou_threshold, T score_threshold, ParallelFor&& parallel_for) {
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(batch * classes));
+  parallel_for(batch * classes, [&](int64_t task) {
+    const int64_t b = task / classes, c = task % classes;
+    const T* box = boxes + b * count * 4;
+    const T* score = scores + task * count;
+    const auto order = descending_order(score, count);
+    const auto overlap = [&](int64_t i, int64_t j) {
+      const T* p = box + 4 * i;
+      const T* q = box + 4 * j;
+      const double w = std::max(T(0), std::min(p[2], q[2]) - std::max(p[0], q[0]));
+      const double h = std::max(T(0), std::min(p[3], q[3]) - std::max(p[1], q[1]));
+      const double inter = w * h;
+      const double area_p = (p[2] - p[0]) * (p[3] - p[1]), area_q = (q[2] - q[0]) * (q[3] - q[1]);
+      return static_cast<T>(inter / (area_p + area_q - inter + 1e-10));
+    };
+    std::vector<char> suppressed(order.size(), 0);
+    auto& out = rows[task];
+    for (size_t r = 0; r < order.size(); ++r) {
+      if (suppressed[r]) continue;
+      const int64_t i = order[r];
+      const bool emit = score[i] > score_threshold;
+      for (size_t s = r + 1; s < order.size(); ++s) {
+        if (suppressed[s] || !(overlap(i, order[s]) >= iou_threshold)) continue;
+        suppressed[s] = 1;
+        if (emit) out.insert(out.end(), {b, c, i, order[s]});
+      }
+    }
+  });
+  std::vector<int64_t> all;
+  for (const auto& part : rows) all.insert(all.end(), part.begin(), part.end());
+  return all;
+}
+
 }  // namespace opbridge::kernels
