@@ -298,6 +298,16 @@ def check_mmcv_deform_conv2d(library: str) -> None:
                 attributes["dilations"], attributes["group"], attributes["offset_group"],
             )  # fmt: skip
             np.testing.assert_allclose(y, expected, rtol=tolerance, atol=tolerance)
+    # Plain ints, as mmcv's symbolic writes them when a model passes ints (TOOD).
+    feeds, attributes = deform_case(rng, np.float32, pads=(1, 1, 1, 1), stride=(2, 2), dilation=(1, 1))
+    plain = {"stride": 2, "padding": 1, "dilation": 1, "groups": attributes["group"],
+             "deform_groups": attributes["offset_group"], "bias": 0, "im2col_step": 32}  # fmt: skip
+    (y,) = session(library, dcn_v1_model("mmcv", **plain)).run(
+        None, {"input": feeds["X"], "offset": feeds["offset"], "weight": feeds["W"]}
+    )
+    expected = deform_conv2d_reference(feeds["X"], feeds["W"], feeds["offset"], None, None, (2, 2), (1, 1, 1, 1),
+                                       (1, 1), attributes["group"], attributes["offset_group"])  # fmt: skip
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
     feeds, attributes = deform_case(rng, np.float32)
     good = dcn_v1_attributes("mmcv", 0, 0, (1, 1), (1, 1), attributes["group"], attributes["offset_group"])
     bad = {"input": feeds["X"], "offset": feeds["offset"][:, :3], "weight": feeds["W"]}
