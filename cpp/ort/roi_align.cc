@@ -1,5 +1,6 @@
 // ORT adapter of kernels/roi_align.h under the node mmcv's exporter writes for mmcv.ops.RoIAlign (the RoI heads of
-// two-stage detectors: Faster/Mask/Cascade R-CNN in mmdetection, mmocr's Mask R-CNN, mmtracking):
+// two-stage detectors: Faster/Mask/Cascade R-CNN in mmdetection, mmocr's Mask R-CNN, mmtracking), and under
+// mmdeploy::MMCVRoiAlign, which mmdeploy 0.1-0.3 wrote with the same contract:
 // mmcv::MMCVRoiAlign(input [N, C, H, W], rois [K, 5] = (batch index, x1, y1, x2, y2)) -> [K, C, output_height,
 // output_width], attributes output_height, output_width, sampling_ratio (ints), spatial_scale (float), mode
 // (string "avg" or "max") and aligned (int 0 or 1). mmcv's kernel required every attribute; absent here, they take
@@ -16,18 +17,19 @@ namespace opbridge::ort {
 namespace {
 
 constexpr char kOp[] = "mmcv::MMCVRoiAlign";
+constexpr char kMmdeployOp[] = "mmdeploy::MMCVRoiAlign";
 
-template <class T>
+template <class T, const char* Op>
 struct MmcvRoiAlign {
   MmcvRoiAlign(const OrtApi* api, const OrtKernelInfo* info) {
-    attributes.pooled_height = int_attribute(api, info, kOp, "output_height", 0);
-    attributes.pooled_width = int_attribute(api, info, kOp, "output_width", 0);
-    attributes.spatial_scale = float_attribute(api, info, kOp, "spatial_scale", 1.0f);
-    attributes.sampling_ratio = int_attribute(api, info, kOp, "sampling_ratio", 0);
-    attributes.aligned = bool_attribute(api, info, kOp, "aligned", true);
-    const std::string mode = string_attribute(api, info, kOp, "mode", "avg");
+    attributes.pooled_height = int_attribute(api, info, Op, "output_height", 0);
+    attributes.pooled_width = int_attribute(api, info, Op, "output_width", 0);
+    attributes.spatial_scale = float_attribute(api, info, Op, "spatial_scale", 1.0f);
+    attributes.sampling_ratio = int_attribute(api, info, Op, "sampling_ratio", 0);
+    attributes.aligned = bool_attribute(api, info, Op, "aligned", true);
+    const std::string mode = string_attribute(api, info, Op, "mode", "avg");
     if (mode != "avg" && mode != "max") {
-      throw std::invalid_argument(std::string(kOp) + ": attribute 'mode' must be \"avg\" or \"max\", got \"" + mode +
+      throw std::invalid_argument(std::string(Op) + ": attribute 'mode' must be \"avg\" or \"max\", got \"" + mode +
                                   "\"");
     }
     attributes.max_pool = mode == "max";
@@ -35,8 +37,8 @@ struct MmcvRoiAlign {
 
   Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& input,
                       const Ort::Custom::Tensor<T>& rois, Ort::Custom::Tensor<T>& out) {
-    return guarded(kOp, [&] {
-      const kernels::RoiAlignRotatedNames names{kOp, "input input (index 0)", "input rois (index 1)"};
+    return guarded(Op, [&] {
+      const kernels::RoiAlignRotatedNames names{Op, "input input (index 0)", "input rois (index 1)"};
       kernels::RoiAlignRotatedShape shape;
       auto status = kernels::check_roi_align(names, input.Shape(), rois.Shape(), attributes, shape);
       if (!status.ok()) return from_kernel(status);
@@ -53,14 +55,17 @@ struct MmcvRoiAlign {
   kernels::RoiAlignAttributes attributes;
 };
 
+template <const char* Op>
 void append_mmcv_roi_align(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<MmcvRoiAlign<float>>("MMCVRoiAlign", "CPUExecutionProvider")));
   ops.push_back(
-      complete_op(Ort::Custom::CreateLiteCustomOp<MmcvRoiAlign<double>>("MMCVRoiAlign", "CPUExecutionProvider")));
+      complete_op(Ort::Custom::CreateLiteCustomOp<MmcvRoiAlign<float, Op>>("MMCVRoiAlign", "CPUExecutionProvider")));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<MmcvRoiAlign<double, Op>>("MMCVRoiAlign", "CPUExecutionProvider")));
 }
 
 }  // namespace
 
-OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRoiAlign, 1, append_mmcv_roi_align);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRoiAlign, 1, append_mmcv_roi_align<kOp>);
+OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVRoiAlign, 1, append_mmcv_roi_align<kMmdeployOp>);
 
 }  // namespace opbridge::ort

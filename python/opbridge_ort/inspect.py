@@ -13,7 +13,7 @@ import collections
 import sys
 from dataclasses import dataclass
 
-from . import DOMAIN, foreign_ops, ops
+from . import DOMAIN, foreign_ops, ops, openmmlab
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 FUNCTION_DOMAIN = "opbridge.functions"
@@ -101,6 +101,12 @@ def inspect_model(model) -> tuple[dict[str, int], list[OpReport]]:
             report.with_library = True
             report.how = f"{domain} node run by the opbridge library"
             report.advice = "load the opbridge library: opbridge_ort.InferenceSession(model)"
+        elif (known := openmmlab.find(domain, op_type)) is not None:
+            report.how = f"{domain} node the opbridge library does not run"
+            if known.runs:  # in the table, not in this library: an older build
+                report.advice = "this opbridge library predates its kernel: upgrade opbridge-ort"
+            else:
+                report.advice = f"{known.note} (written by {known.written_by}; see docs/openmmlab.md)"
         elif domain == DOMAIN:
             library_ops = _library_ops()
             implemented = ", ".join(sorted(library_ops)) or "no ops (library not found)"

@@ -14,6 +14,7 @@ from ._common import INVALID_ACCEPTED, MATCH, chance, close_values, run_one_node
 
 ORT_NODE = "MMCVRoiAlign"
 ORT_DOMAIN = "mmcv"
+ORT_ALIASES = ["mmdeploy::MMCVRoiAlign"]
 NAMES = ["input", "rois"]
 FLOATS = [np.float32, np.float64]
 DEFAULTS = {"output_height": None, "output_width": None, "spatial_scale": 1.0, "sampling_ratio": 0, "mode": "avg",
