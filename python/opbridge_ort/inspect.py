@@ -13,7 +13,7 @@ import collections
 import sys
 from dataclasses import dataclass
 
-from . import DOMAIN, foreign_ops, ops, openmmlab
+from . import DOMAIN, foreign_ops, openmmlab, ops
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 FUNCTION_DOMAIN = "opbridge.functions"

@@ -99,7 +99,7 @@ def run_one_node(session, op_type: str, inputs: list[str], arrays: dict, attribu
     node = helper.make_node(op_type, inputs, names_out, domain=domain, **attributes)
     names = [n for n in dict.fromkeys(inputs) if n]
     model = one_node_model(node, [tensor_info(n, arrays[n].dtype.type) for n in names],
-                           [tensor_info(n, d) for n, d in zip(names_out, dtypes)])  # fmt: skip
+                           [tensor_info(n, d) for n, d in zip(names_out, dtypes, strict=True)])  # fmt: skip
     try:
         results = session(model).run(None, {n: arrays[n] for n in names})
     except Exception as error:

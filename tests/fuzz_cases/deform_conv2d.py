@@ -26,8 +26,12 @@ from ._common import (
 ORT_NODE = "DeformConv2d"
 #: Other projects' names of the node, run by the same kernel and checks (tests/ort_cases cover their
 #: attribute forms).
-ORT_ALIASES = ["mmcv::MMCVModulatedDeformConv2d", "mmdeploy::MMCVModulatedDeformConv2d", "mmcv::MMCVDeformConv2d",
-               "mmdeploy::MMCVDeformConv2d"]
+ORT_ALIASES = [
+    "mmcv::MMCVModulatedDeformConv2d",
+    "mmdeploy::MMCVModulatedDeformConv2d",
+    "mmcv::MMCVDeformConv2d",
+    "mmdeploy::MMCVDeformConv2d",
+]
 
 
 def config(rng, kind: str) -> dict:

@@ -22,7 +22,8 @@ def config(rng, kind: str) -> dict:
     threshold = float(rng.uniform(0, 1)) if chance(rng, 0.85) else float(rng.choice([0.0, 1.0, -0.5, 1.5, np.nan]))
     cfg = {"boxes": [n, 4], "scores": [n], "dtypes": [FLOATS[int(rng.integers(0, 2))]] * 2,
            "special": chance(rng, 0.2), "ties": chance(rng, 0.3),
-           "attrs": {"iou_threshold": threshold, "offset": int(chance(rng, 0.3))}, "inputs": ["boxes", "scores"]}  # fmt: skip
+           "attrs": {"iou_threshold": threshold, "offset": int(chance(rng, 0.3))},
+           "inputs": ["boxes", "scores"]}  # fmt: skip
     if chance(rng, 0.1):
         cfg[["boxes", "scores"][int(rng.integers(0, 2))]] = [[n, 5], [n + 1], [n, 4, 1], [], [n + 1, 4]][
             int(rng.integers(0, 5))
@@ -65,9 +66,11 @@ def valid(cfg, arrays, attrs) -> bool:
         return False
     if boxes.ndim != 2 or boxes.shape[1] != 4 or scores.shape != boxes.shape[:1]:
         return False
-    return all(type(attrs.get(k)) is t for k, t in (("iou_threshold", float), ("offset", int))) and attrs[
-        "offset"
-    ] in (0, 1) and math.isfinite(attrs["iou_threshold"])
+    return (
+        all(type(attrs.get(k)) is t for k, t in (("iou_threshold", float), ("offset", int)))
+        and attrs["offset"] in (0, 1)
+        and math.isfinite(attrs["iou_threshold"])
+    )
 
 
 def near_threshold(boxes, offset, threshold) -> bool:

@@ -60,7 +60,7 @@ def check_against_reference(library: str) -> None:
     x[0, 0, 1, 1] = np.nan
     for op_type, maximum in (("cummax", True), ("cummin", False)):
         for dtype in (np.float32, np.float64, np.int64):
-            data = (x * 10 if dtype == np.int64 else x)
+            data = x * 10 if dtype == np.int64 else x
             data = np.nan_to_num(data) if dtype == np.int64 else data
             data = data.astype(dtype)
             for dim in (0, 1, 2, 3, -1, -4):

@@ -104,7 +104,7 @@ def check_every_mode(library: str) -> None:
     x = rng.standard_normal((2, 3, 5, 7))
     grid = rng.uniform(-1.7, 1.7, (2, 4, 6, 2))
     grid[0, 0, :3] = [[-1, -1], [1, 1], [0, 0]]  # corners and center exactly
-    for (op_type, domain), dtype in itertools.product(NODES, (np.float32, np.float64)):
+    for (_, domain), dtype in itertools.product(NODES, (np.float32, np.float64)):
         for interpolation, padding, align in itertools.product(INTERPOLATIONS, PADDINGS, (False, True)):
             sess = session(library, grid_model(dtype, domain, **as_symbolic(interpolation, padding, align)), 2)
             (out,) = sess.run(None, {"input": x.astype(dtype), "grid": grid.astype(dtype)})
@@ -147,15 +147,15 @@ def check_bad_input(library: str) -> None:
     for op_type, domain in NODES:
         sess = session(library, grid_model(np.float32, domain, **as_symbolic("bilinear", "zeros", False)))
         name = f"{domain}::{op_type}"
-        expect_error(lambda s=sess: s.run(None, {"input": np.ones((2, 1, 3, 3), np.float32),
-                                                  "grid": np.zeros((1, 2, 2, 2), np.float32)}),
-                     name, "input grid (index 1)", "batch = 2")  # fmt: skip
-        expect_error(lambda s=sess: s.run(None, {"input": np.ones((1, 1, 3, 3), np.float32),
-                                                  "grid": np.zeros((1, 2, 2, 3), np.float32)}), name, "[batch, out_height")  # fmt: skip
-        expect_error(lambda s=sess: s.run(None, {"input": np.ones((1, 3, 3), np.float32),
-                                                  "grid": np.zeros((1, 2, 2, 2), np.float32)}), name, "4-D")  # fmt: skip
-        expect_error(lambda s=sess: s.run(None, {"input": np.ones((1, 1, 0, 3), np.float32),
-                                                  "grid": np.zeros((1, 2, 2, 2), np.float32)}), name, "non-empty")  # fmt: skip
+        bad_feeds = [
+            ((2, 1, 3, 3), (1, 2, 2, 2), ["input grid (index 1)", "batch = 2"]),
+            ((1, 1, 3, 3), (1, 2, 2, 3), ["[batch, out_height"]),
+            ((1, 3, 3), (1, 2, 2, 2), ["4-D"]),
+            ((1, 1, 0, 3), (1, 2, 2, 2), ["non-empty"]),
+        ]
+        for x_shape, grid_shape, fragments in bad_feeds:
+            feeds = {"input": np.ones(x_shape, np.float32), "grid": np.zeros(grid_shape, np.float32)}
+            expect_error(lambda s=sess, f=feeds: s.run(None, f), name, *fragments)
     for attribute, value, words in (("interpolation_mode", 3, "bicubic"), ("padding_mode", -1, "reflection"),
                                     ("align_corners", 2, "0 or 1")):  # fmt: skip
         attrs = {**as_symbolic("bilinear", "zeros", False), attribute: value}

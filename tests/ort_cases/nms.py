@@ -17,8 +17,10 @@ BOXES = [[6.0, 3.0, 8.0, 7.0], [3.0, 6.0, 9.0, 11.0], [3.0, 7.0, 10.0, 12.0], [1
 SCORES = [0.6, 0.9, 0.7, 0.2]
 SOFT_PUBLISHED = {  # method -> (dets, inds) at iou_threshold 0.3, sigma 0.5, min_score 0.01
     1: ([[3, 6, 9, 11, 0.9], [6, 3, 8, 7, 0.6], [3, 7, 10, 12, 0.29024392], [1, 4, 13, 7, 0.2]], [1, 0, 2, 3]),
-    2: ([[3, 6, 9, 11, 0.9], [6, 3, 8, 7, 0.59630775], [3, 7, 10, 12, 0.35275510], [1, 4, 13, 7, 0.18650459]],
-        [1, 0, 2, 3]),
+    2: (
+        [[3, 6, 9, 11, 0.9], [6, 3, 8, 7, 0.59630775], [3, 7, 10, 12, 0.35275510], [1, 4, 13, 7, 0.18650459]],
+        [1, 0, 2, 3],
+    ),
     0: ([[3, 6, 9, 11, 0.9], [6, 3, 8, 7, 0.6], [1, 4, 13, 7, 0.2]], [1, 0, 3]),
 }
 
@@ -114,19 +116,22 @@ def check_published_values(library: str) -> None:
 
 
 def check_offset_and_threshold(library: str) -> None:
-    run = lambda b, s, **a: session(library, nms_model(**a)).run(  # noqa: E731
-        None, {"boxes": np.array(b, np.float32), "scores": np.array(s, np.float32)}
-    )[0].tolist()
+    def run(boxes, scores, **attributes):
+        feeds = {"boxes": np.array(boxes, np.float32), "scores": np.array(scores, np.float32)}
+        return session(library, nms_model(**attributes)).run(None, feeds)[0].tolist()
+
     touching = [[0, 0, 1, 1], [1, 0, 2, 1]]  # pixel-inclusive (offset 1), they share a column: IoU 2/6
     assert run(touching, [0.9, 0.8], iou_threshold=0.3, offset=0) == [0, 1]
     assert run(touching, [0.9, 0.8], iou_threshold=0.3, offset=1) == [0]
     assert run([[0, 0, 2, 1], [0, 0, 1, 1]], [0.9, 0.8], iou_threshold=0.5, offset=0) == [0, 1]  # IoU = 0.5: kept
     assert run([[0, 0, 2, 1], [0, 0, 1, 1]], [0.9, 0.8], iou_threshold=0.49, offset=0) == [0]
     assert run(np.zeros((0, 4)), np.zeros(0), iou_threshold=0.5, offset=0) == []
+
     # soft NMS with offset 1, a higher min_score, and a lone box below min_score (the first pick is kept).
-    soft = lambda b, s, **a: session(library, soft_nms_model(**soft_symbolic(**a))).run(  # noqa: E731
-        None, {"boxes": np.array(b, np.float32), "scores": np.array(s, np.float32)}
-    )
+    def soft(boxes, scores, **attributes):
+        feeds = {"boxes": np.array(boxes, np.float32), "scores": np.array(scores, np.float32)}
+        return session(library, soft_nms_model(**soft_symbolic(**attributes))).run(None, feeds)
+
     dets, inds = soft(BOXES, SCORES, iou_threshold=0.3, min_score=0.01, offset=1)
     assert inds.tolist() == [1, 0, 2, 3] and abs(dets[2, 4] - 0.25454545) < 1e-6
     dets, inds = soft(BOXES, SCORES, iou_threshold=0.3, min_score=0.5)

@@ -42,7 +42,8 @@ def nms_match_model(dtype=np.float32) -> bytes:
 
 def run(library, boxes, scores, iou_threshold, score_threshold, dtype=np.float32, threads=1):
     feeds = {"boxes": np.asarray(boxes, dtype), "scores": np.asarray(scores, dtype),
-             "iou_threshold": np.array([iou_threshold], dtype), "score_threshold": np.array([score_threshold], dtype)}  # fmt: skip
+             "iou_threshold": np.array([iou_threshold], dtype),
+             "score_threshold": np.array([score_threshold], dtype)}  # fmt: skip
     return session(library, nms_match_model(dtype), threads).run(None, feeds)[0]
 
 
@@ -60,7 +61,7 @@ def nms_match_reference(boxes, scores, iou_threshold, score_threshold):
             for r, i in enumerate(order):
                 if not alive[i]:
                     continue
-                for j in order[r + 1:]:
+                for j in order[r + 1 :]:
                     if not alive[j]:
                         continue
                     w = max(0.0, min(x[i, 2], x[j, 2]) - max(x[i, 0], x[j, 0]))
@@ -115,10 +116,13 @@ def check_bad_input(library: str) -> None:
     sess = session(library, nms_match_model())
     good = {"boxes": np.ones((1, 3, 4), np.float32), "scores": np.ones((1, 2, 3), np.float32),
             "iou_threshold": np.array([0.5], np.float32), "score_threshold": np.array([0.1], np.float32)}  # fmt: skip
-    for change, fragment in (({"boxes": np.ones((1, 3, 5), np.float32)}, "input boxes (index 0)"),
-                             ({"scores": np.ones((1, 2, 4), np.float32)}, "[batch, classes, boxes] = [1, classes, 3]"),
-                             ({"iou_threshold": np.zeros(0, np.float32)}, "iou_threshold (index 2) must hold one"),
-                             ({"score_threshold": np.zeros((0, 1), np.float32)}, "score_threshold (index 3)")):  # fmt: skip
+    changes = [
+        ({"boxes": np.ones((1, 3, 5), np.float32)}, "input boxes (index 0)"),
+        ({"scores": np.ones((1, 2, 4), np.float32)}, "[batch, classes, boxes] = [1, classes, 3]"),
+        ({"iou_threshold": np.zeros(0, np.float32)}, "iou_threshold (index 2) must hold one"),
+        ({"score_threshold": np.zeros((0, 1), np.float32)}, "score_threshold (index 3)"),
+    ]
+    for change, fragment in changes:
         expect_error(lambda c=change: sess.run(None, {**good, **c}), "mmdeploy::NMSMatch", fragment)
 
 

@@ -95,8 +95,9 @@ def roi_align_reference(x, rois, output_size, spatial_scale, sampling_ratio, mod
             plane = x[int(b), c]
             for i in range(ph):
                 for j in range(pw):
-                    samples = [_bilinear(plane, sy + (i + (iy + 0.5) / gh) * h / ph, sx + (j + (ix + 0.5) / gw) * w / pw)
-                               for iy in range(gh) for ix in range(gw)]  # fmt: skip
+                    ys = [sy + (i + (iy + 0.5) / gh) * h / ph for iy in range(gh)]
+                    xs = [sx + (j + (ix + 0.5) / gw) * w / pw for ix in range(gw)]
+                    samples = [_bilinear(plane, y, x) for y in ys for x in xs]
                     if mode == "max":
                         out[k, c, i, j] = max([-10000.0, *samples])
                     else:
