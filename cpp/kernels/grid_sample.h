@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -97,17 +98,22 @@ T pad(T x, int64_t size, GridPadding padding, bool align_corners) {
   return std::clamp(x, T(0), static_cast<T>(size - 1));
 }
 
-// A tap: the flat offset of an input pixel in its plane and its weight; taps outside the map are dropped.
-template <class T>
+// The taps of one output pixel: K flat offsets into its plane and their weights. A tap outside the map is not
+// read (valid false): its value is 0, even where the map holds a NaN or an infinity.
+template <class T, int K>
 struct Taps {
-  int64_t offset[16];
-  T weight[16];
-  int count = 0;
+  int64_t offset[K];
+  T weight[K];
+  bool valid[K];
+  int next = 0;
   void add(int64_t y, int64_t x, T w, int64_t height, int64_t width) {
-    if (y < 0 || y >= height || x < 0 || x >= width) return;
-    offset[count] = y * width + x;
-    weight[count] = w;
-    ++count;
+    valid[next] = y >= 0 && y < height && x >= 0 && x < width;
+    offset[next] = valid[next] ? y * width + x : 0;
+    weight[next] = w;
+    ++next;
+  }
+  void skip(int count) {
+    for (int k = 0; k < count; ++k) add(-1, -1, T(0), 0, 0);
   }
 };
 
@@ -127,16 +133,19 @@ void cubic_weights(T t, T weights[4]) {
 // int64); every interpolation reads 0 that far outside.
 constexpr double kFarAway = 1e15;
 
-template <class T>
-Taps<T> taps_at(T gx, T gy, const GridSampleShape& s, const GridSampleAttributes& a) {
-  Taps<T> taps;
+template <class T, int K>
+Taps<T, K> taps_at(T gx, T gy, const GridSampleShape& s, const GridSampleAttributes& a) {
+  Taps<T, K> taps;
   const auto padding = static_cast<GridPadding>(a.padding);
   T x = unnormalize(gx, s.width, a.align_corners), y = unnormalize(gy, s.height, a.align_corners);
-  if (!std::isfinite(x) || !std::isfinite(y)) return taps;
-  const auto interpolation = static_cast<GridInterpolation>(a.interpolation);
-  if (interpolation == GridInterpolation::bicubic) {
-    if (std::fabs(x) > kFarAway || std::fabs(y) > kFarAway) {
-      if (padding == GridPadding::zeros) return taps;
+  if (!std::isfinite(x) || !std::isfinite(y)) {
+    taps.skip(K);
+    return taps;
+  }
+  if constexpr (K == 16) {  // bicubic
+    if ((std::fabs(x) > kFarAway || std::fabs(y) > kFarAway) && padding == GridPadding::zeros) {
+      taps.skip(K);
+      return taps;
     }
     const T x0 = std::floor(x), y0 = std::floor(y);
     T wx[4], wy[4];
@@ -146,16 +155,22 @@ Taps<T> taps_at(T gx, T gy, const GridSampleShape& s, const GridSampleAttributes
       const T ty = pad(y0 - 1 + i, s.height, padding, a.align_corners);
       for (int j = 0; j < 4; ++j) {
         const T tx = pad(x0 - 1 + j, s.width, padding, a.align_corners);
-        if (std::fabs(tx) > kFarAway || std::fabs(ty) > kFarAway) continue;
-        taps.add(static_cast<int64_t>(ty), static_cast<int64_t>(tx), wy[i] * wx[j], s.height, s.width);
+        if (std::fabs(tx) > kFarAway || std::fabs(ty) > kFarAway) {
+          taps.skip(1);
+        } else {
+          taps.add(static_cast<int64_t>(ty), static_cast<int64_t>(tx), wy[i] * wx[j], s.height, s.width);
+        }
       }
     }
     return taps;
   }
   x = pad(x, s.width, padding, a.align_corners);
   y = pad(y, s.height, padding, a.align_corners);
-  if (std::fabs(x) > kFarAway || std::fabs(y) > kFarAway) return taps;
-  if (interpolation == GridInterpolation::nearest) {
+  if (std::fabs(x) > kFarAway || std::fabs(y) > kFarAway) {
+    taps.skip(K);
+    return taps;
+  }
+  if constexpr (K == 1) {  // nearest
     taps.add(static_cast<int64_t>(std::nearbyint(y)), static_cast<int64_t>(std::nearbyint(x)), T(1), s.height,
              s.width);
     return taps;
@@ -170,34 +185,87 @@ Taps<T> taps_at(T gx, T gy, const GridSampleShape& s, const GridSampleAttributes
   return taps;
 }
 
-}  // namespace grid_sample_detail
+// One output pixel's taps as the channel loop reads them: K offsets into a plane and K weights (0 for a tap
+// outside the map, whose offset is 0), and a bit per tap that lies on the map.
+template <class T, int K, class Index>
+struct PackedTaps {
+  Index offset[K];
+  T weight[K];
+  uint32_t inside = 0;
+};
 
-// Tasks are blocks of one image's output pixels: the taps of a block are computed once and applied to every
-// channel, so the coordinate arithmetic does not repeat per channel.
-template <class T, class ParallelFor>
-void grid_sample(const T* input, const T* grid, T* out, const GridSampleShape& s, const GridSampleAttributes& a,
-                 ParallelFor&& parallel_for) {
-  using grid_sample_detail::Taps;
-  constexpr int64_t kBlock = 256;
+// Image by image: the taps of every output pixel first (in parallel over pixel blocks), then every channel of a
+// block (in parallel over block x channel, block-major so that a block's taps stay in the cache), so the
+// coordinate arithmetic does not repeat per channel and one image with many channels still spreads over the
+// threads.
+template <int K, class Index, class T, class ParallelFor>
+void grid_sample_with(const T* input, const T* grid, T* out, const GridSampleShape& s, const GridSampleAttributes& a,
+                      ParallelFor&& parallel_for) {
+  constexpr int64_t kBlock = 2048;
+  constexpr uint32_t kAll = K == 32 ? ~0u : (1u << K) - 1;
   const int64_t pixels = s.out_height * s.out_width, plane = s.height * s.width;
   const int64_t blocks = (pixels + kBlock - 1) / kBlock;
-  if (s.batch == 0 || pixels == 0 || s.channels == 0) return;
-  parallel_for(s.batch * blocks, [&](int64_t task) {
-    const int64_t n = task / blocks, begin = task % blocks * kBlock, end = std::min(begin + kBlock, pixels);
-    std::vector<Taps<T>> taps(static_cast<size_t>(end - begin));
-    const T* g = grid + (n * pixels + begin) * 2;
-    for (int64_t p = begin; p < end; ++p, g += 2) taps[p - begin] = grid_sample_detail::taps_at(g[0], g[1], s, a);
-    for (int64_t c = 0; c < s.channels; ++c) {
+  std::vector<PackedTaps<T, K, Index>> packed(static_cast<size_t>(pixels));
+  for (int64_t n = 0; n < s.batch; ++n) {
+    parallel_for(blocks, [&](int64_t block) {
+      const int64_t begin = block * kBlock, end = std::min(begin + kBlock, pixels);
+      const T* g = grid + (n * pixels + begin) * 2;
+      for (int64_t p = begin; p < end; ++p, g += 2) {
+        const auto t = taps_at<T, K>(g[0], g[1], s, a);
+        auto& out_taps = packed[p];
+        out_taps.inside = 0;
+        for (int k = 0; k < K; ++k) {
+          out_taps.offset[k] = static_cast<Index>(t.offset[k]);
+          out_taps.weight[k] = t.valid[k] ? t.weight[k] : T(0);
+          out_taps.inside |= static_cast<uint32_t>(t.valid[k]) << k;
+        }
+      }
+    });
+    parallel_for(s.channels * blocks, [&](int64_t task) {
+      const int64_t c = task % s.channels, begin = task / s.channels * kBlock, end = std::min(begin + kBlock, pixels);
       const T* source = input + (n * s.channels + c) * plane;
       T* target = out + (n * s.channels + c) * pixels;
       for (int64_t p = begin; p < end; ++p) {
-        const Taps<T>& t = taps[p - begin];
+        const auto& t = packed[p];
         T sum = 0;
-        for (int k = 0; k < t.count; ++k) sum += t.weight[k] * source[t.offset[k]];
+        if (t.inside == kAll) {  // the common case: every tap on the map
+          for (int k = 0; k < K; ++k) sum += t.weight[k] * source[t.offset[k]];
+        } else {  // a tap outside adds nothing (not 0 times pixel 0: a NaN there would show)
+          for (int k = 0; k < K; ++k) {
+            if ((t.inside >> k) & 1u) sum += t.weight[k] * source[t.offset[k]];
+          }
+        }
         target[p] = sum;
       }
-    }
-  });
+    });
+  }
+}
+
+template <class Index, class T, class ParallelFor>
+void grid_sample_dispatch(const T* input, const T* grid, T* out, const GridSampleShape& s,
+                          const GridSampleAttributes& a, ParallelFor&& parallel_for) {
+  switch (static_cast<GridInterpolation>(a.interpolation)) {
+    case GridInterpolation::nearest:
+      return grid_sample_with<1, Index>(input, grid, out, s, a, parallel_for);
+    case GridInterpolation::bicubic:
+      return grid_sample_with<16, Index>(input, grid, out, s, a, parallel_for);
+    default:
+      return grid_sample_with<4, Index>(input, grid, out, s, a, parallel_for);
+  }
+}
+
+}  // namespace grid_sample_detail
+
+template <class T, class ParallelFor>
+void grid_sample(const T* input, const T* grid, T* out, const GridSampleShape& s, const GridSampleAttributes& a,
+                 ParallelFor&& parallel_for) {
+  if (s.batch == 0 || s.out_height * s.out_width == 0 || s.channels == 0) return;
+  // 32-bit offsets where a plane allows them: smaller taps, less to read per channel.
+  if (s.height * s.width <= INT32_MAX) {
+    grid_sample_detail::grid_sample_dispatch<int32_t>(input, grid, out, s, a, parallel_for);
+  } else {
+    grid_sample_detail::grid_sample_dispatch<int64_t>(input, grid, out, s, a, parallel_for);
+  }
 }
 
 }  // namespace opbridge::kernels

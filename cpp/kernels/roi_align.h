@@ -1,6 +1,6 @@
 // RoIAlign over axis-aligned rois with mmcv's semantics (mmcv::MMCVRoiAlign: average or maximum pooling),
-// framework-free. The bilinear samples are roi_align_rotated.h's at angle 0; only the roi geometry and the max
-// pooling are this file's.
+// framework-free. The bilinear samples are roi_align_rotated.h's at angle 0; the roi geometry and the pooling
+// loops are this file's.
 //
 // input [N, C, H, W]; rois [K, 5] = (batch index, x1, y1, x2, y2); out [K, C, PH, PW].
 // For roi k: start = (x1, y1) * spatial_scale - (0.5 if aligned), size = (x2 - x1, y2 - y1) * spatial_scale, at
@@ -97,13 +97,49 @@ Status read_rois(const RoiAlignRotatedNames& names, const T* rois, const RoiAlig
   return {};
 }
 
+namespace roi_align_detail {
+
+// A roi's samples that lie on the map, compacted, with weights in T (the type mmcv's and torchvision's kernels
+// accumulate in); per bin, the range of its samples and whether any sample fell outside (worth 0 to the max).
+template <class T>
+struct CompactSamples {
+  struct Tap {
+    int64_t index[4];
+    T weight[4];
+  };
+  std::vector<Tap> taps;
+  std::vector<int64_t> begin;  // bins + 1 entries
+  std::vector<char> outside;
+
+  void fill(const std::vector<roi_align_rotated_detail::Sample>& samples, int64_t bins, int64_t grid) {
+    taps.clear();
+    begin.assign(static_cast<size_t>(bins + 1), 0);
+    outside.assign(static_cast<size_t>(bins), 0);
+    for (int64_t bin = 0; bin < bins; ++bin) {
+      for (int64_t g = 0; g < grid; ++g) {
+        const auto& sample = samples[bin * grid + g];
+        if (!sample.inside) {
+          outside[bin] = 1;
+          continue;
+        }
+        Tap tap;
+        for (int corner = 0; corner < 4; ++corner) {
+          tap.index[corner] = sample.index[corner];
+          tap.weight[corner] = static_cast<T>(sample.weight[corner]);
+        }
+        taps.push_back(tap);
+      }
+      begin[bin + 1] = static_cast<int64_t>(taps.size());
+    }
+  }
+};
+
+}  // namespace roi_align_detail
+
+// One task per roi: its samples are computed once, then every channel reads them.
 template <class T, class ParallelFor>
 void roi_align(const T* input, const std::vector<roi_align_rotated_detail::Roi>& rois, T* out,
                const RoiAlignRotatedShape& shape, bool max_pool, ParallelFor&& parallel_for) {
-  if (!max_pool) {  // the average is roi_align_rotated's at angle 0
-    roi_align_rotated(input, rois, out, shape, parallel_for);
-    return;
-  }
   using namespace roi_align_rotated_detail;
   const int64_t bins = shape.pooled_height * shape.pooled_width, plane = shape.height * shape.width;
   parallel_for(shape.rois, [&](int64_t k) {
@@ -115,19 +151,32 @@ void roi_align(const T* input, const std::vector<roi_align_rotated_detail::Roi>&
     }
     std::vector<Sample> samples;
     roi_samples(r, shape, samples);
-    const int64_t grid = r.grid_h * r.grid_w;
+    roi_align_detail::CompactSamples<T> compact;
+    compact.fill(samples, bins, r.grid_h * r.grid_w);
+    const T divisor = static_cast<T>(std::max<int64_t>(r.grid_h * r.grid_w, 1));
     for (int64_t c = 0; c < shape.channels; ++c) {
       const T* map = input + (r.batch * shape.channels + c) * plane;
       for (int64_t bin = 0; bin < bins; ++bin) {
-        double best = kRoiAlignMaxStart;
-        const Sample* s = samples.data() + bin * grid;
-        for (int64_t g = 0; g < grid; ++g, ++s) {
-          const double value = s->inside ? s->weight[0] * map[s->index[0]] + s->weight[1] * map[s->index[1]] +
-                                               s->weight[2] * map[s->index[2]] + s->weight[3] * map[s->index[3]]
-                                         : 0.0;
-          if (value > best) best = value;  // a NaN sample is passed over, as in mmcv
+        T result;
+        if (max_pool) {
+          result = static_cast<T>(kRoiAlignMaxStart);
+          if (compact.outside[bin] && result < T(0)) result = T(0);
+          for (int64_t t = compact.begin[bin]; t < compact.begin[bin + 1]; ++t) {
+            const auto& tap = compact.taps[t];
+            const T value = tap.weight[0] * map[tap.index[0]] + tap.weight[1] * map[tap.index[1]] +
+                            tap.weight[2] * map[tap.index[2]] + tap.weight[3] * map[tap.index[3]];
+            if (value > result) result = value;  // a NaN sample is passed over, as in mmcv
+          }
+        } else {
+          T sum = 0;
+          for (int64_t t = compact.begin[bin]; t < compact.begin[bin + 1]; ++t) {
+            const auto& tap = compact.taps[t];
+            sum += tap.weight[0] * map[tap.index[0]] + tap.weight[1] * map[tap.index[1]] +
+                   tap.weight[2] * map[tap.index[2]] + tap.weight[3] * map[tap.index[3]];
+          }
+          result = sum / divisor;
         }
-        y[c * bins + bin] = static_cast<T>(best);
+        y[c * bins + bin] = result;
       }
     }
   });
