@@ -29,9 +29,9 @@ inline Status check_cumulative(const char* op, const char* input, const std::vec
   const auto rank = static_cast<int64_t>(shape.size());
   const int64_t effective_rank = std::max<int64_t>(rank, 1);
   if (axis < -effective_rank || axis >= effective_rank) {
-    return {std::string(op) + ": attribute '" + attribute + "' must be in [" + std::to_string(-effective_rank) +
-            ", " + std::to_string(effective_rank - 1) + "] for " + input + " of shape " + shape_to_string(shape) +
-            ", got " + std::to_string(axis)};
+    return {std::string(op) + ": attribute '" + attribute + "' must be in [" + std::to_string(-effective_rank) + ", " +
+            std::to_string(effective_rank - 1) + "] for " + input + " of shape " + shape_to_string(shape) + ", got " +
+            std::to_string(axis)};
   }
   if (axis < 0) axis += effective_rank;
   out = {};

@@ -14,8 +14,8 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -121,7 +121,7 @@ struct Taps {
 template <class T>
 void cubic_weights(T t, T weights[4]) {
   constexpr T A = T(-0.75);
-  const auto near = [](T x) { return ((A + 2) * x - (A + 3)) * x * x + 1; };           // |x| <= 1
+  const auto near = [](T x) { return ((A + 2) * x - (A + 3)) * x * x + 1; };       // |x| <= 1
   const auto far = [](T x) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; };  // 1 < |x| < 2
   weights[0] = far(t + 1);
   weights[1] = near(t);
@@ -171,8 +171,7 @@ Taps<T, K> taps_at(T gx, T gy, const GridSampleShape& s, const GridSampleAttribu
     return taps;
   }
   if constexpr (K == 1) {  // nearest
-    taps.add(static_cast<int64_t>(std::nearbyint(y)), static_cast<int64_t>(std::nearbyint(x)), T(1), s.height,
-             s.width);
+    taps.add(static_cast<int64_t>(std::nearbyint(y)), static_cast<int64_t>(std::nearbyint(x)), T(1), s.height, s.width);
     return taps;
   }
   const T x0 = std::floor(x), y0 = std::floor(y);

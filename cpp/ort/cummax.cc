@@ -84,13 +84,13 @@ void append_cumulative(const char* op_type, std::vector<Ort::Custom::OrtLiteCust
 }
 
 void append_cummax(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) { append_cumulative<true, kCummax>("cummax", ops); }
-void append_cummin(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) { append_cumulative<false, kCummin>("cummin", ops); }
+void append_cummin(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  append_cumulative<false, kCummin>("cummin", ops);
+}
 
 void append_corner_pool(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(
-      complete_op(Ort::Custom::CreateLiteCustomOp<CornerPool<float>>("MMCVCornerPool", kCpu)));
-  ops.push_back(
-      complete_op(Ort::Custom::CreateLiteCustomOp<CornerPool<double>>("MMCVCornerPool", kCpu)));
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<CornerPool<float>>("MMCVCornerPool", kCpu)));
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<CornerPool<double>>("MMCVCornerPool", kCpu)));
 }
 
 }  // namespace

@@ -94,19 +94,16 @@ void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
 //   ever had an ONNX Runtime kernel for it.
 constexpr char kModulatedOp[] = "MMCVModulatedDeformConv2d";
 constexpr char kDcnV1Op[] = "MMCVDeformConv2d";
-constexpr kernels::DeformConv2dNames kModulatedNames{kModulatedOp,
-                                                     "input input (index 0)",
-                                                     "input weight (index 3)",
-                                                     "input offset (index 1)",
-                                                     "input mask (index 2)",
-                                                     "input bias (index 4)"};
-constexpr kernels::DeformConv2dNames kDcnV1Names{kDcnV1Op,          "input input (index 0)", "input weight (index 2)",
-                                                 "input offset (index 1)", "(no mask)",             "(no bias)"};
+constexpr kernels::DeformConv2dNames kModulatedNames{
+    kModulatedOp,           "input input (index 0)", "input weight (index 3)", "input offset (index 1)",
+    "input mask (index 2)", "input bias (index 4)"};
+constexpr kernels::DeformConv2dNames kDcnV1Names{
+    kDcnV1Op, "input input (index 0)", "input weight (index 2)", "input offset (index 1)", "(no mask)", "(no bias)"};
 
 // A list of ints, or one int for both dimensions (mmcv's symbolics write a plain int when the model passes one,
 // as TOOD's head calls deform_conv2d directly).
-std::vector<int64_t> int_pair_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* op,
-                                        const char* name, int64_t fallback) {
+std::vector<int64_t> int_pair_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* op, const char* name,
+                                        int64_t fallback) {
   int64_t single = 0;
   if (OrtStatus* status = api->KernelInfoGetAttribute_int64(info, name, &single)) {
     api->ReleaseStatus(status);  // absent, or a list: read below
@@ -189,7 +186,8 @@ void append_mmcv_modulated_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomO
 }
 
 void append_mmcv_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<MmcvDeformConv2d<float>>(kDcnV1Op, "CPUExecutionProvider")));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<MmcvDeformConv2d<float>>(kDcnV1Op, "CPUExecutionProvider")));
   ops.push_back(
       complete_op(Ort::Custom::CreateLiteCustomOp<MmcvDeformConv2d<double>>(kDcnV1Op, "CPUExecutionProvider")));
 }

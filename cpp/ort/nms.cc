@@ -127,10 +127,10 @@ struct NmsMatch {
       if (!status.ok()) return from_kernel(status);
       for (const auto* threshold : {&iou_threshold, &score_threshold}) {
         if (threshold->NumberOfElement() < 1) {
-          return invalid_argument(std::string(kNmsMatchOp) + ": input " +
-                                  (threshold == &iou_threshold ? "iou_threshold (index 2)" : "score_threshold (index 3)") +
-                                  " must hold one number (shape [1]), got shape " +
-                                  kernels::shape_to_string(threshold->Shape()));
+          return invalid_argument(
+              std::string(kNmsMatchOp) + ": input " +
+              (threshold == &iou_threshold ? "iou_threshold (index 2)" : "score_threshold (index 3)") +
+              " must hold one number (shape [1]), got shape " + kernels::shape_to_string(threshold->Shape()));
         }
       }
       std::vector<int64_t> rows;
