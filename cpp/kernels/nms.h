@@ -170,19 +170,7 @@ void soft_nms(const T* boxes, const T* scores, int64_t count, double iou_thresho
 // suppresses. Rows in batch, class, then decreasing score order.
 inline Status check_nms_match(const char* op, const std::vector<int64_t>& boxes, const std::vector<int64_t>& scores,
                               int64_t& batch, int64_t& classes, int64_t& count) {
-  const std::string prefix = std::string(op) + ": ";
-  if (boxes.size() != 3 || boxes[2] != 4) {
-    return {prefix + "input boxes (index 0) must have shape [batch, boxes, 4] (x1, y1, x2, y2), got " +
-            shape_to_string(boxes)};
-  }
-  if (scores.size() != 3 || scores[0] != boxes[0] || scores[2] != boxes[1]) {
-    return {prefix + "input scores (index 1) must have shape [batch, classes, boxes] = [" + std::to_string(boxes[0]) +
-            ", classes, " + std::to_string(boxes[1]) + "], got " + shape_to_string(scores)};
-  }
-  batch = boxes[0];
-  classes = scores[1];
-  count = boxes[1];
-  return {};
+  return check_batched_boxes(op, boxes, scores, 4, "(x1, y1, x2, y2)", batch, classes, count);
 }
 
 template <class T, class ParallelFor>

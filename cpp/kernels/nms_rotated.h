@@ -85,13 +85,14 @@ std::vector<int64_t> nms_rotated(const T* boxes, const T* scores, const Label* l
 // mmdeploy's NMSRotated: boxes [B, N, 5], scores [B, C, N]; for each batch b and class c, the boxes whose score
 // is above score_threshold, suppressed among themselves; rows (b, c, box index) in batch, class, then
 // decreasing score order.
-inline Status check_batched_nms_rotated(const char* op, const std::vector<int64_t>& boxes,
-                                        const std::vector<int64_t>& scores, int64_t& batch, int64_t& classes,
-                                        int64_t& count) {
+// boxes [batch, boxes, width] (`layout` names the columns), scores [batch, classes, boxes]: the inputs of
+// mmdeploy's batched NMS nodes (NMSRotated, NMSMatch).
+inline Status check_batched_boxes(const char* op, const std::vector<int64_t>& boxes, const std::vector<int64_t>& scores,
+                                  int64_t width, const char* layout, int64_t& batch, int64_t& classes, int64_t& count) {
   const std::string prefix = std::string(op) + ": ";
-  if (boxes.size() != 3 || boxes[2] != 5) {
-    return {prefix + "input boxes (index 0) must have shape [batch, boxes, 5] (cx, cy, w, h, angle), got " +
-            shape_to_string(boxes)};
+  if (boxes.size() != 3 || boxes[2] != width) {
+    return {prefix + "input boxes (index 0) must have shape [batch, boxes, " + std::to_string(width) + "] " + layout +
+            ", got " + shape_to_string(boxes)};
   }
   if (scores.size() != 3 || scores[0] != boxes[0] || scores[2] != boxes[1]) {
     return {prefix + "input scores (index 1) must have shape [batch, classes, boxes] = [" + std::to_string(boxes[0]) +
@@ -101,6 +102,12 @@ inline Status check_batched_nms_rotated(const char* op, const std::vector<int64_
   classes = scores[1];
   count = boxes[1];
   return {};
+}
+
+inline Status check_batched_nms_rotated(const char* op, const std::vector<int64_t>& boxes,
+                                        const std::vector<int64_t>& scores, int64_t& batch, int64_t& classes,
+                                        int64_t& count) {
+  return check_batched_boxes(op, boxes, scores, 5, "(cx, cy, w, h, angle)", batch, classes, count);
 }
 
 template <class T, class ParallelFor>

@@ -59,18 +59,15 @@ Status read_rois(const RoiAlignRotatedNames& names, const T* rois, const RoiAlig
   for (int64_t k = 0; k < shape.rois; ++k) {
     const T* roi = rois + 5 * k;
     const double index = roi[0];
-    if (!(index >= 0 && index < static_cast<double>(shape.batch) && std::floor(index) == index)) {
-      return {std::string(names.op) + ": " + names.rois + "[" + std::to_string(k) +
-              ", 0] (the batch index) must be an integer in [0, " + std::to_string(shape.batch) + "), got " +
-              std::to_string(index)};
-    }
+    auto status = roi_align_rotated_detail::check_batch_index(names, k, index, shape.batch);
+    if (!status.ok()) return status;
     roi_align_rotated_detail::Roi& r = out[k];
     r.batch = static_cast<int64_t>(index);
     const double x0 = roi[1] * a.spatial_scale - offset, y0 = roi[2] * a.spatial_scale - offset;
     r.w = (roi[3] * a.spatial_scale - offset) - x0;
     r.h = (roi[4] * a.spatial_scale - offset) - y0;
     r.finite = std::isfinite(x0) && std::isfinite(y0) && std::isfinite(r.w) && std::isfinite(r.h);
-    if (!a.aligned) {
+    if (!a.aligned) {  // the legacy mode: at least one pixel, from the roi's start
       r.w = std::max(r.w, 1.0);
       r.h = std::max(r.h, 1.0);
     }
@@ -78,21 +75,10 @@ Status read_rois(const RoiAlignRotatedNames& names, const T* rois, const RoiAlig
     r.cy = y0 + 0.5 * r.h;
     r.cos_t = 1.0;
     r.sin_t = 0.0;
-    if (a.sampling_ratio > 0) {
-      r.grid_h = r.grid_w = a.sampling_ratio;
-    } else if (r.finite) {
-      // A negative size (x2 < x1 with `aligned`) samples nothing, as in mmcv.
-      const double limit = static_cast<double>(kMaxRoiSamples) + 1;
-      r.grid_h = static_cast<int64_t>(std::clamp(std::ceil(r.h / a.pooled_height), 0.0, limit));
-      r.grid_w = static_cast<int64_t>(std::clamp(std::ceil(r.w / a.pooled_width), 0.0, limit));
-    }
-    const double samples = static_cast<double>(r.grid_h) * r.grid_w * shape.pooled_height * shape.pooled_width;
-    if (samples > static_cast<double>(kMaxRoiSamples)) {
-      return {std::string(names.op) + ": roi " + std::to_string(k) + " (w " + std::to_string(r.w) + ", h " +
-              std::to_string(r.h) + " feature pixels) would take " + std::to_string(r.grid_h) + " x " +
-              std::to_string(r.grid_w) + " samples per bin with sampling_ratio <= 0 (adaptive); pass a " +
-              "sampling_ratio > 0 or rois on the feature map's scale"};
-    }
+    // A negative size (x2 < x1 with `aligned`) samples nothing, as in mmcv.
+    roi_align_rotated_detail::set_grid(r, a.sampling_ratio, a.pooled_height, a.pooled_width);
+    status = roi_align_rotated_detail::check_samples(names, k, r, shape);
+    if (!status.ok()) return status;
   }
   return {};
 }

@@ -90,6 +90,19 @@ struct Sample {
   bool inside = false;  // outside, the sample is 0 and reads nothing
 };
 
+// The sampling grid of a roi: sampling_ratio x sampling_ratio, or (adaptive, sampling_ratio <= 0) ceil(size /
+// output size) per dimension, clamped before the conversion (a huge roi's count does not fit in int64; above
+// the limit check_samples refuses it).
+inline void set_grid(Roi& r, int64_t sampling_ratio, int64_t pooled_height, int64_t pooled_width) {
+  if (sampling_ratio > 0) {
+    r.grid_h = r.grid_w = sampling_ratio;
+  } else if (r.finite) {
+    const double limit = static_cast<double>(kMaxRoiSamples) + 1;
+    r.grid_h = static_cast<int64_t>(std::clamp(std::ceil(r.h / pooled_height), 0.0, limit));
+    r.grid_w = static_cast<int64_t>(std::clamp(std::ceil(r.w / pooled_width), 0.0, limit));
+  }
+}
+
 template <class T>
 Roi read_roi(const T* roi, const RoiAlignRotatedAttributes& a) {
   Roi r;
@@ -107,16 +120,27 @@ Roi read_roi(const T* roi, const RoiAlignRotatedAttributes& a) {
   }
   r.cos_t = std::cos(angle);
   r.sin_t = std::sin(angle);
-  if (a.sampling_ratio > 0) {
-    r.grid_h = r.grid_w = a.sampling_ratio;
-  } else if (r.finite) {
-    // Clamped before the conversion (a huge roi's count does not fit in int64): above the limit the roi is
-    // refused by read_rotated_rois.
-    const double limit = static_cast<double>(kMaxRoiSamples) + 1;
-    r.grid_h = static_cast<int64_t>(std::clamp(std::ceil(r.h / a.pooled_height), 0.0, limit));
-    r.grid_w = static_cast<int64_t>(std::clamp(std::ceil(r.w / a.pooled_width), 0.0, limit));
-  }
+  set_grid(r, a.sampling_ratio, a.pooled_height, a.pooled_width);
   return r;
+}
+
+// The batch index of roi k: an integer in [0, batch).
+inline Status check_batch_index(const RoiAlignRotatedNames& names, int64_t k, double index, int64_t batch) {
+  if (index >= 0 && index < static_cast<double>(batch) && std::floor(index) == index) return {};
+  return {std::string(names.op) + ": " + names.rois + "[" + std::to_string(k) +
+          ", 0] (the batch index) must be an integer in [0, " + std::to_string(batch) + "), got " +
+          std::to_string(index)};
+}
+
+// An adaptive grid of a huge roi would run for hours: more than kMaxRoiSamples samples are refused.
+inline Status check_samples(const RoiAlignRotatedNames& names, int64_t k, const Roi& r,
+                            const RoiAlignRotatedShape& shape) {
+  const double samples = static_cast<double>(r.grid_h) * r.grid_w * shape.pooled_height * shape.pooled_width;
+  if (samples <= static_cast<double>(kMaxRoiSamples)) return {};
+  return {std::string(names.op) + ": roi " + std::to_string(k) + " (w " + std::to_string(r.w) + ", h " +
+          std::to_string(r.h) + " feature pixels) would take " + std::to_string(r.grid_h) + " x " +
+          std::to_string(r.grid_w) + " samples per bin with sampling_ratio <= 0 (adaptive); pass a " +
+          "sampling_ratio > 0 or rois on the feature map's scale"};
 }
 
 inline Sample bilinear(double y, double x, int64_t height, int64_t width) {
@@ -176,20 +200,12 @@ Status read_rotated_rois(const RoiAlignRotatedNames& names, const T* rois, const
   for (int64_t k = 0; k < shape.rois; ++k) {
     const T* roi = rois + 6 * k;
     const double index = roi[0];
-    if (!(index >= 0 && index < static_cast<double>(shape.batch) && std::floor(index) == index)) {
-      return {std::string(names.op) + ": " + names.rois + "[" + std::to_string(k) +
-              ", 0] (the batch index) must be an integer in [0, " + std::to_string(shape.batch) + "), got " +
-              std::to_string(index)};
-    }
+    auto status = roi_align_rotated_detail::check_batch_index(names, k, index, shape.batch);
+    if (!status.ok()) return status;
     auto& r = out[k] = roi_align_rotated_detail::read_roi(roi, a);
     r.batch = static_cast<int64_t>(index);
-    const double samples = static_cast<double>(r.grid_h) * r.grid_w * shape.pooled_height * shape.pooled_width;
-    if (samples > static_cast<double>(kMaxRoiSamples)) {
-      return {std::string(names.op) + ": roi " + std::to_string(k) + " (w " + std::to_string(r.w) + ", h " +
-              std::to_string(r.h) + " feature pixels) would take " + std::to_string(r.grid_h) + " x " +
-              std::to_string(r.grid_w) + " samples per bin with sampling_ratio <= 0 (adaptive); pass a " +
-              "sampling_ratio > 0 or rois on the feature map's scale"};
-    }
+    status = roi_align_rotated_detail::check_samples(names, k, r, shape);
+    if (!status.ok()) return status;
   }
   return {};
 }
