@@ -216,9 +216,10 @@ def test_inspect_explains_openmmlab_nodes(tmp_path):
                             text=True)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "mmdeploy node run by the opbridge library" in result.stdout
-    missing = _one_node_file(tmp_path, "mmcv", "MMCVPSAMask", [("input", [1, 4, 2, 2])], [("out", None)])
+    missing = _one_node_file(tmp_path, "mmcv", "MMCVMaskedConv2d", [("features", [1, 4, 2, 2]), ("mask", [1, 2, 2])],
+                             [("out", None)])  # fmt: skip
     result = subprocess.run([sys.executable, "-m", "opbridge_ort", "inspect", str(missing)], capture_output=True,
                             text=True)  # fmt: skip
     assert result.returncode == 1
     assert "mmcv node the opbridge library does not run" in result.stdout
-    assert "not implemented in opbridge yet" in result.stdout and "psa_mask.py" in result.stdout
+    assert "not implemented in opbridge yet" in result.stdout and "masked_conv.py" in result.stdout

@@ -13,6 +13,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/broadcast.h"
@@ -114,6 +115,19 @@ inline std::vector<int64_t> ints_attribute(const OrtApi* api, const OrtKernelInf
                              "a list of integers");
   }
   return values;
+}
+
+// A list of ints that may also be written as one int (mmcv's symbolics write `name_i=value` with whatever the
+// model passed): one int gives `repeat` copies of it.
+inline std::vector<int64_t> int_or_ints_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* op,
+                                                  const char* name, std::vector<int64_t> fallback, size_t repeat) {
+  int64_t single = 0;
+  if (OrtStatus* status = api->KernelInfoGetAttribute_int64(info, name, &single)) {
+    api->ReleaseStatus(status);  // absent, or a list: read below
+  } else {
+    return std::vector<int64_t>(repeat, single);
+  }
+  return ints_attribute(api, info, op, name, std::move(fallback));
 }
 
 // An optional input, absent when the node has fewer inputs or an empty name there (the lite API's optional

@@ -100,18 +100,12 @@ constexpr kernels::DeformConv2dNames kModulatedNames{
 constexpr kernels::DeformConv2dNames kDcnV1Names{
     kDcnV1Op, "input input (index 0)", "input weight (index 2)", "input offset (index 1)", "(no mask)", "(no bias)"};
 
-// A list of ints, or one int for both dimensions (mmcv's symbolics write a plain int when the model passes one,
+// A pair of ints, or one int for both dimensions (mmcv's symbolics write a plain int when the model passes one,
 // as TOOD's head calls deform_conv2d directly).
 std::vector<int64_t> int_pair_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* op, const char* name,
                                         int64_t fallback) {
-  int64_t single = 0;
-  if (OrtStatus* status = api->KernelInfoGetAttribute_int64(info, name, &single)) {
-    api->ReleaseStatus(status);  // absent, or a list: read below
-  } else {
-    return {single, single};
-  }
-  auto values = ints_attribute(api, info, op, name, {fallback, fallback});
-  if (values.size() == 1) values.push_back(values[0]);  // a single int for both dimensions
+  auto values = int_or_ints_attribute(api, info, op, name, {fallback, fallback}, 2);
+  if (values.size() == 1) values.push_back(values[0]);  // a list of one int
   return values;
 }
 

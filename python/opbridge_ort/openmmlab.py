@@ -152,7 +152,7 @@ NODES: tuple[Node, ...] = (
         "mmrotate R3Det (feature refinement)",
         True,
     ),
-    Node("mmcv", "MMCVPSAMask", "mmcv `ops/psa_mask.py`", "none", "mmseg PSANet (16 configs)", False, _NOT_YET),
+    Node("mmcv", "MMCVPSAMask", "mmcv `ops/psa_mask.py`", "none", "mmseg PSANet (16 configs)", True),
     Node(
         "mmcv",
         "MMCVMaskedConv2d",
