@@ -21,7 +21,7 @@ from opbridge_ort import openmmlab
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 sys.path.insert(0, str(TESTS))
-from ort_cases import cummax, deform_conv2d, grid_sampler, nms, roi_align  # noqa: E402
+from ort_cases import cummax, deform_conv2d, grid_sampler, masked_conv2d, nms, roi_align  # noqa: E402
 
 torchvision = pytest.importorskip("torchvision", reason="the torchvision references need torchvision")
 
@@ -129,6 +129,18 @@ def test_dcn_v1_published_value():
     np.testing.assert_allclose(out, [[[[1.650, 0.0], [0.0, 0.0]]]], atol=1e-3)
 
 
+def test_masked_conv2d_matches_torch_conv2d():
+    """mmcv's masked convolution is conv2d (stride 1) where mask > 0 and 0 elsewhere."""
+    generator = torch.Generator().manual_seed(5)
+    x, weight, bias = (torch.randn(1, 8, 12, 10, generator=generator), torch.randn(6, 8, 3, 3, generator=generator),
+                       torch.randn(6, generator=generator))  # fmt: skip
+    mask = torch.rand(1, 12, 10, generator=generator) > 0.6
+    model = masked_conv2d.masked_conv_model(np.float32, bool, True, padding=1, stride=1)
+    (out,) = run(model, {"features": x.numpy(), "mask": mask.numpy(), "weight": weight.numpy(), "bias": bias.numpy()})
+    want = F.conv2d(x, weight, bias, padding=1) * mask[:, None]
+    np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-4)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # A real model, exported as mmdeploy exports it
 
@@ -216,10 +228,10 @@ def test_inspect_explains_openmmlab_nodes(tmp_path):
                             text=True)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "mmdeploy node run by the opbridge library" in result.stdout
-    missing = _one_node_file(tmp_path, "mmcv", "MMCVMaskedConv2d", [("features", [1, 4, 2, 2]), ("mask", [1, 2, 2])],
+    missing = _one_node_file(tmp_path, "mmcv", "MMCVCARAFE", [("features", [1, 4, 2, 2]), ("masks", [1, 4, 4, 4])],
                              [("out", None)])  # fmt: skip
     result = subprocess.run([sys.executable, "-m", "opbridge_ort", "inspect", str(missing)], capture_output=True,
                             text=True)  # fmt: skip
     assert result.returncode == 1
     assert "mmcv node the opbridge library does not run" in result.stdout
-    assert "not implemented in opbridge yet" in result.stdout and "masked_conv.py" in result.stdout
+    assert "not implemented in opbridge yet" in result.stdout and "carafe.py" in result.stdout

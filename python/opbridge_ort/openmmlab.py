@@ -159,8 +159,7 @@ NODES: tuple[Node, ...] = (
         "mmcv `ops/masked_conv.py`",
         "none",
         "mmdet Guided Anchoring (GA-RPN, GA-Faster R-CNN, GA-RetinaNet; 16 configs)",
-        False,
-        _NOT_YET,
+        True,
     ),
     Node(
         "mmcv",
