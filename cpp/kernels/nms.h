@@ -182,26 +182,34 @@ std::vector<int64_t> nms_match(const T* boxes, const T* scores, int64_t batch, i
     const T* box = boxes + b * count * 4;
     const T* score = scores + task * count;
     const auto order = descending_order(score, count);
+    std::vector<T> area(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) area[i] = (box[4 * i + 2] - box[4 * i]) * (box[4 * i + 3] - box[4 * i + 1]);
     const auto overlap = [&](int64_t i, int64_t j) {
       const T* p = box + 4 * i;
       const T* q = box + 4 * j;
       const double w = std::max(T(0), std::min(p[2], q[2]) - std::max(p[0], q[0]));
       const double h = std::max(T(0), std::min(p[3], q[3]) - std::max(p[1], q[1]));
       const double inter = w * h;
-      const double area_p = (p[2] - p[0]) * (p[3] - p[1]), area_q = (q[2] - q[0]) * (q[3] - q[1]);
-      return static_cast<T>(inter / (area_p + area_q - inter + 1e-10));
+      return static_cast<T>(inter / (static_cast<double>(area[i]) + area[j] - inter + 1e-10));
     };
-    std::vector<char> suppressed(order.size(), 0);
-    auto& out = rows[task];
-    for (size_t r = 0; r < order.size(); ++r) {
-      if (suppressed[r]) continue;
-      const int64_t i = order[r];
-      const bool emit = score[i] > score_threshold;
-      for (size_t s = r + 1; s < order.size(); ++s) {
-        if (suppressed[s] || !(overlap(i, order[s]) >= iou_threshold)) continue;
-        suppressed[s] = 1;
-        if (emit) out.insert(out.end(), {b, c, i, order[s]});
+    // Each box, in score order, against the boxes kept so far: the first that overlaps it suppresses it (the one
+    // that would have reached it first suppressing forward), so the early exit gives the same rows.
+    std::vector<int64_t> kept;
+    std::vector<std::vector<int64_t>> suppressed_by;
+    for (const int64_t j : order) {
+      size_t keeper = 0;
+      while (keeper < kept.size() && !(overlap(kept[keeper], j) >= iou_threshold)) ++keeper;
+      if (keeper < kept.size()) {
+        suppressed_by[keeper].push_back(j);
+      } else {
+        kept.push_back(j);
+        suppressed_by.emplace_back();
       }
+    }
+    auto& out = rows[task];
+    for (size_t k = 0; k < kept.size(); ++k) {
+      if (!(score[kept[k]] > score_threshold)) continue;
+      for (const int64_t j : suppressed_by[k]) out.insert(out.end(), {b, c, kept[k], j});
     }
   });
   std::vector<int64_t> all;
