@@ -52,7 +52,7 @@ def nms_match_reference(boxes, scores, iou_threshold, score_threshold):
     boxes, scores = np.asarray(boxes), np.asarray(scores)
     rows = []
     for b in range(boxes.shape[0]):
-        x = boxes[b].astype(np.float64)
+        x = boxes[b]  # intersection and union in the boxes' type, the 1e-10 and the division in double
         area = (x[:, 2] - x[:, 0]) * (x[:, 3] - x[:, 1])
         for c in range(scores.shape[1]):
             s = scores[b, c]
@@ -64,9 +64,11 @@ def nms_match_reference(boxes, scores, iou_threshold, score_threshold):
                 for j in order[r + 1 :]:
                     if not alive[j]:
                         continue
-                    w = max(0.0, min(x[i, 2], x[j, 2]) - max(x[i, 0], x[j, 0]))
-                    h = max(0.0, min(x[i, 3], x[j, 3]) - max(x[i, 1], x[j, 1]))
-                    overlap = boxes.dtype.type(w * h / (area[i] + area[j] - w * h + 1e-10))
+                    zero = x.dtype.type(0)
+                    w = max(zero, min(x[i, 2], x[j, 2]) - max(x[i, 0], x[j, 0]))
+                    h = max(zero, min(x[i, 3], x[j, 3]) - max(x[i, 1], x[j, 1]))
+                    inter = w * h
+                    overlap = x.dtype.type(float(inter) / (float(area[i] + area[j] - inter) + 1e-10))
                     if overlap >= iou_threshold:
                         alive[j] = False
                         if s[i] > score_threshold:
