@@ -21,7 +21,7 @@ from opbridge_ort import openmmlab
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 sys.path.insert(0, str(TESTS))
-from ort_cases import cummax, deform_conv2d, grid_sampler, masked_conv2d, nms, roi_align  # noqa: E402
+from ort_cases import carafe, cummax, deform_conv2d, grid_sampler, masked_conv2d, nms, roi_align  # noqa: E402
 
 torchvision = pytest.importorskip("torchvision", reason="the torchvision references need torchvision")
 
@@ -141,6 +141,22 @@ def test_masked_conv2d_matches_torch_conv2d():
     np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("op_type", carafe.NODES)
+def test_carafe_matches_torch_unfold(op_type):
+    """CARAFE as its paper writes it with tensors: the k x k neighbourhoods (unfold), nearest-upsampled by the
+    scale, weighted by each group's reassembly kernel."""
+    generator = torch.Generator().manual_seed(6)
+    n, c, h, w, k, group, scale = 2, 8, 6, 5, 5, 2, 2
+    x = torch.randn(n, c, h, w, generator=generator)
+    masks = torch.randn(n, group * k * k, h * scale, w * scale, generator=generator).softmax(1)
+    (out,) = run(carafe.carafe_model(op_type, **carafe.as_symbolic(k, group, scale)),
+                 {"features": x.numpy(), "masks": masks.numpy()})  # fmt: skip
+    windows = F.unfold(x, k, padding=(k - 1) // 2).view(n, group, c // group, k * k, h, w)
+    windows = windows.repeat_interleave(scale, 4).repeat_interleave(scale, 5)
+    want = torch.einsum("ngckyx,ngkyx->ngcyx", windows, masks.view(n, group, k * k, h * scale, w * scale))
+    np.testing.assert_allclose(out, want.reshape(n, c, h * scale, w * scale).numpy(), rtol=1e-5, atol=1e-5)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # A real model, exported as mmdeploy exports it
 
@@ -228,10 +244,10 @@ def test_inspect_explains_openmmlab_nodes(tmp_path):
                             text=True)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "mmdeploy node run by the opbridge library" in result.stdout
-    missing = _one_node_file(tmp_path, "mmcv", "MMCVCARAFE", [("features", [1, 4, 2, 2]), ("masks", [1, 4, 4, 4])],
+    missing = _one_node_file(tmp_path, "mmcv", "PrRoIPool", [("features", [1, 4, 2, 2]), ("rois", [1, 5])],
                              [("out", None)])  # fmt: skip
     result = subprocess.run([sys.executable, "-m", "opbridge_ort", "inspect", str(missing)], capture_output=True,
                             text=True)  # fmt: skip
     assert result.returncode == 1
     assert "mmcv node the opbridge library does not run" in result.stdout
-    assert "not implemented in opbridge yet" in result.stdout and "carafe.py" in result.stdout
+    assert "not implemented in opbridge yet" in result.stdout and "prroi_pool.py" in result.stdout

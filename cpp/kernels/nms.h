@@ -53,6 +53,19 @@ T iou(const T* a, const T* b, T area_a, T area_b, T offset) {
   return inter / (area_a + area_b - inter);
 }
 
+// Kept boxes as columns (x1, y1, x2, y2, area), which the candidate loops read 64 at a time.
+template <class T>
+struct BoxColumns {
+  std::vector<T> x1, y1, x2, y2, area;
+  void push(const T* box, T box_area) {
+    x1.push_back(box[0]);
+    y1.push_back(box[1]);
+    x2.push_back(box[2]);
+    y2.push_back(box[3]);
+    area.push_back(box_area);
+  }
+};
+
 }  // namespace nms_detail
 
 // The kept indices in decreasing score order (a stable sort: equal scores keep their input order; NaN first).
@@ -64,7 +77,8 @@ std::vector<int64_t> nms(const T* boxes, const T* scores, int64_t count, double 
   // the loop; IEEE division gives the scalar's bits), stopping after the first chunk that suppresses.
   constexpr int64_t kChunk = 64;
   const T off = static_cast<T>(offset), threshold = static_cast<T>(iou_threshold);
-  std::vector<T> x1, y1, x2, y2, area;
+  nms_detail::BoxColumns<T> columns;
+  const auto& [x1, y1, x2, y2, area] = columns;
   std::vector<int64_t> keep;
   for (const int64_t i : descending_order(scores, count)) {
     const T* b = boxes + 4 * i;
@@ -85,11 +99,7 @@ std::vector<int64_t> nms(const T* boxes, const T* scores, int64_t count, double 
       suppressed = hit != 0;
     }
     if (suppressed) continue;
-    x1.push_back(b[0]);
-    y1.push_back(b[1]);
-    x2.push_back(b[2]);
-    y2.push_back(b[3]);
-    area.push_back(b_area);
+    columns.push(b, b_area);
     keep.push_back(i);
   }
   return keep;
@@ -188,7 +198,8 @@ std::vector<int64_t> nms_match(const T* boxes, const T* scores, int64_t batch, i
     // boxes are columns, compared 64 at a time without branches (vectorized; IEEE arithmetic gives the scalar's
     // bits), then the first hit of a chunk is looked up.
     constexpr size_t kChunk = 64;
-    std::vector<T> x1, y1, x2, y2, area;
+    nms_detail::BoxColumns<T> columns;
+    const auto& [x1, y1, x2, y2, area] = columns;
     std::vector<int64_t> kept;
     std::vector<std::vector<int64_t>> suppressed_by;
     char hits[kChunk];
@@ -217,11 +228,7 @@ std::vector<int64_t> nms_match(const T* boxes, const T* scores, int64_t batch, i
         suppressed_by[keeper].push_back(j);
         continue;
       }
-      x1.push_back(q[0]);
-      y1.push_back(q[1]);
-      x2.push_back(q[2]);
-      y2.push_back(q[3]);
-      area.push_back(q_area);
+      columns.push(q, q_area);
       kept.push_back(j);
       suppressed_by.emplace_back();
     }

@@ -179,8 +179,8 @@ NODES: tuple[Node, ...] = (
         False,
         _NOT_YET,
     ),
-    Node("mmcv", "MMCVCARAFE", "mmcv `ops/carafe.py`", "none", "mmdet CARAFE FPN (2 configs)", False, _NOT_YET),
-    Node("mmcv", "MMCVCARAFENaive", "mmcv `ops/carafe.py`", "none", "none found in OpenMMLab configs", False, _NOT_YET),
+    Node("mmcv", "MMCVCARAFE", "mmcv `ops/carafe.py`", "none", "mmdet CARAFE FPN (2 configs)", True),
+    Node("mmcv", "MMCVCARAFENaive", "mmcv `ops/carafe.py`", "none", "none found in OpenMMLab configs", True),
     Node(
         "mmcv",
         "MMCVBorderAlign",
