@@ -50,6 +50,17 @@ def test_grid_sampler_matches_torch(interpolation, padding, align_corners, dtype
                                rtol=1e-5, atol=1e-5)  # fmt: skip
 
 
+def test_grid_sampler_large_grid_matches_torch():
+    """75,000 output pixels per image: the kernel holds the taps of 65,536 at a time, so this crosses a span."""
+    rng = np.random.default_rng(7)
+    x, grid = rng.standard_normal((2, 3, 50, 60)), rng.uniform(-1.1, 1.1, (2, 300, 250, 2))
+    for interpolation in grid_sampler.INTERPOLATIONS:
+        attrs = grid_sampler.as_symbolic(interpolation, "border", True)
+        (out,) = run(grid_sampler.grid_model(np.float64, "mmdeploy", **attrs), {"input": x, "grid": grid})
+        want = F.grid_sample(torch.from_numpy(x), torch.from_numpy(grid), interpolation, "border", True)
+        np.testing.assert_allclose(out, want.numpy(), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("aligned", [True, False])
 def test_roi_align_avg_matches_torchvision(aligned):
     rng = np.random.default_rng(1)

@@ -193,50 +193,55 @@ struct PackedTaps {
   uint32_t inside = 0;
 };
 
-// Image by image: the taps of every output pixel first (in parallel over pixel blocks), then every channel of a
-// block (in parallel over block x channel, block-major so that a block's taps stay in the cache), so the
-// coordinate arithmetic does not repeat per channel and one image with many channels still spreads over the
-// threads.
+// Image by image and span by span of output pixels: the taps of every pixel first (in parallel over pixel
+// blocks), then every channel of a block (in parallel over block x channel, block-major so that a block's taps stay
+// in the cache), so the coordinate arithmetic does not repeat per channel and one image with many channels still
+// spreads over the threads.
 template <int K, class Index, class T, class ParallelFor>
 void grid_sample_with(const T* input, const T* grid, T* out, const GridSampleShape& s, const GridSampleAttributes& a,
                       ParallelFor&& parallel_for) {
   constexpr int64_t kBlock = 2048;
+  // The taps of at most this many pixels are held at once (a bicubic tap set is 132 bytes).
+  constexpr int64_t kSpan = 32 * kBlock;
   constexpr uint32_t kAll = K == 32 ? ~0u : (1u << K) - 1;
   const int64_t pixels = s.out_height * s.out_width, plane = s.height * s.width;
-  const int64_t blocks = (pixels + kBlock - 1) / kBlock;
-  std::vector<PackedTaps<T, K, Index>> packed(static_cast<size_t>(pixels));
+  std::vector<PackedTaps<T, K, Index>> packed(static_cast<size_t>(std::min(pixels, kSpan)));
   for (int64_t n = 0; n < s.batch; ++n) {
-    parallel_for(blocks, [&](int64_t block) {
-      const int64_t begin = block * kBlock, end = std::min(begin + kBlock, pixels);
-      const T* g = grid + (n * pixels + begin) * 2;
-      for (int64_t p = begin; p < end; ++p, g += 2) {
-        const auto t = taps_at<T, K>(g[0], g[1], s, a);
-        auto& out_taps = packed[p];
-        out_taps.inside = 0;
-        for (int k = 0; k < K; ++k) {
-          out_taps.offset[k] = static_cast<Index>(t.offset[k]);
-          out_taps.weight[k] = t.valid[k] ? t.weight[k] : T(0);
-          out_taps.inside |= static_cast<uint32_t>(t.valid[k]) << k;
-        }
-      }
-    });
-    parallel_for(s.channels * blocks, [&](int64_t task) {
-      const int64_t c = task % s.channels, begin = task / s.channels * kBlock, end = std::min(begin + kBlock, pixels);
-      const T* source = input + (n * s.channels + c) * plane;
-      T* target = out + (n * s.channels + c) * pixels;
-      for (int64_t p = begin; p < end; ++p) {
-        const auto& t = packed[p];
-        T sum = 0;
-        if (t.inside == kAll) {  // the common case: every tap on the map
-          for (int k = 0; k < K; ++k) sum += t.weight[k] * source[t.offset[k]];
-        } else {  // a tap outside adds nothing (not 0 times pixel 0: a NaN there would show)
+    for (int64_t span = 0; span < pixels; span += kSpan) {
+      const int64_t span_size = std::min(kSpan, pixels - span), blocks = (span_size + kBlock - 1) / kBlock;
+      parallel_for(blocks, [&](int64_t block) {
+        const int64_t begin = block * kBlock, end = std::min(begin + kBlock, span_size);
+        const T* g = grid + (n * pixels + span + begin) * 2;
+        for (int64_t p = begin; p < end; ++p, g += 2) {
+          const auto t = taps_at<T, K>(g[0], g[1], s, a);
+          auto& out_taps = packed[p];
+          out_taps.inside = 0;
           for (int k = 0; k < K; ++k) {
-            if ((t.inside >> k) & 1u) sum += t.weight[k] * source[t.offset[k]];
+            out_taps.offset[k] = static_cast<Index>(t.offset[k]);
+            out_taps.weight[k] = t.valid[k] ? t.weight[k] : T(0);
+            out_taps.inside |= static_cast<uint32_t>(t.valid[k]) << k;
           }
         }
-        target[p] = sum;
-      }
-    });
+      });
+      parallel_for(s.channels * blocks, [&](int64_t task) {
+        const int64_t c = task % s.channels, begin = task / s.channels * kBlock;
+        const int64_t end = std::min(begin + kBlock, span_size);
+        const T* source = input + (n * s.channels + c) * plane;
+        T* target = out + (n * s.channels + c) * pixels + span;
+        for (int64_t p = begin; p < end; ++p) {
+          const auto& t = packed[p];
+          T sum = 0;
+          if (t.inside == kAll) {  // the common case: every tap on the map
+            for (int k = 0; k < K; ++k) sum += t.weight[k] * source[t.offset[k]];
+          } else {  // a tap outside adds nothing (not 0 times pixel 0: a NaN there would show)
+            for (int k = 0; k < K; ++k) {
+              if ((t.inside >> k) & 1u) sum += t.weight[k] * source[t.offset[k]];
+            }
+          }
+          target[p] = sum;
+        }
+      });
+    }
   }
 }
 
