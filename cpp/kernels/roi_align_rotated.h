@@ -100,6 +100,7 @@ inline void set_grid(Roi& r, int64_t sampling_ratio, int64_t pooled_height, int6
     const double limit = static_cast<double>(kMaxRoiSamples) + 1;
     r.grid_h = static_cast<int64_t>(std::clamp(std::ceil(r.h / pooled_height), 0.0, limit));
     r.grid_w = static_cast<int64_t>(std::clamp(std::ceil(r.w / pooled_width), 0.0, limit));
+    if (r.grid_h == 0 || r.grid_w == 0) r.grid_h = r.grid_w = 0;  // no samples: no loop over the other dimension
   }
 }
 

@@ -137,6 +137,19 @@ def effective_attributes(cfg) -> dict:
     return {k: (defaults[k] if k in cfg["omit_attributes"] else v) for k, v in given.items()}
 
 
+def inferred_groups(cfg, attributes: dict) -> tuple[int, int]:
+    """(group, offset_group): a count of 0 is inferred by the node from the shapes (the custom lowering writes 0
+    when the exporter does not know it), group from the input and weight channels, offset_group from the
+    offset's channels."""
+    (_, c, _, _), (_, c_per_group, kh, kw), o = cfg["input_shape"], cfg["weight_shape"], cfg["offset_shape"]
+    groups, offset_groups = attributes["group"], attributes["offset_group"]
+    if groups == 0 and c_per_group > 0 and c % c_per_group == 0:
+        groups = c // c_per_group
+    if offset_groups == 0 and kh * kw > 0 and len(o) == 4 and o[1] % (2 * kh * kw) == 0:
+        offset_groups = o[1] // (2 * kh * kw)
+    return groups, offset_groups
+
+
 def valid(cfg, attributes: dict, use_bias: bool, use_mask: bool) -> bool:
     """ONNX DeformConv's (and torchvision's) constraints, written independently of the C++ checks."""
     x, w, o = cfg["input_shape"], cfg["weight_shape"], cfg["offset_shape"]
@@ -156,6 +169,7 @@ def valid(cfg, attributes: dict, use_bias: bool, use_mask: bool) -> bool:
         return False
     n, c, h, wd = x
     c_out, c_per_group, kh, kw = w
+    groups, offset_groups = inferred_groups(cfg, attributes)
     kernel_attr = cfg.get("kernel_shape_attribute")
     if kernel_attr is not None and kernel_attr != [] and kernel_attr != [kh, kw]:
         return False
@@ -246,7 +260,8 @@ def run_ort(session, rng, cfg):
     if wrong_type in node_attributes or not valid(cfg, attributes, use_bias, use_mask):
         return INVALID_ACCEPTED
     feeds = {k: v for k, v in arrays.items() if (k != "B" or use_bias) and (k != "mask" or use_mask)}
-    want = reference(feeds, attributes)
+    groups, offset_groups = inferred_groups(cfg, attributes)
+    want = reference(feeds, {**attributes, "group": groups, "offset_group": offset_groups})
     if close_values(out, want, cfg["dtype"]):
         return MATCH
     return "mismatch", f"max error {np.nanmax(np.abs(out - want)) if out.shape == want.shape else 'shape'}"

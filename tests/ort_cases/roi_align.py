@@ -91,6 +91,9 @@ def roi_align_reference(x, rois, output_size, spatial_scale, sampling_ratio, mod
             w, h = max(w, 1.0), max(h, 1.0)
         gh = sampling_ratio if sampling_ratio > 0 else max(math.ceil(h / ph), 0)
         gw = sampling_ratio if sampling_ratio > 0 else max(math.ceil(w / pw), 0)
+        if gh * gw == 0:  # no samples (a huge gh with gw 0 must not build gh-long lists)
+            out[k] = -10000.0 if mode == "max" else 0.0
+            continue
         for c in range(x.shape[1]):
             plane = x[int(b), c]
             for i in range(ph):
