@@ -216,6 +216,39 @@ def test_model_exported_with_mmdeploys_grid_sampler_runs(tmp_path):
         np.testing.assert_allclose(out, model(image).numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_transformers_mask2former_exported_with_mmdeploys_grid_sampler_runs(tmp_path):
+    """transformers' Mask2Former (random weights, a small config): its pixel decoder's deformable attention runs
+    on grid_sample on a CPU, which mmdeploy exports as mmdeploy::grid_sampler nodes; opbridge_ort runs them."""
+    transformers = pytest.importorskip("transformers", reason="the model test needs transformers (the test extra)")
+    from opbridge.tools import models
+
+    torch.manual_seed(0)
+    model = transformers.Mask2FormerModel(models._config("Mask2FormerConfig", **models._MASK_FORMER)()).eval()
+
+    class Outputs(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, pixel_values):
+            out = self.inner(pixel_values=pixel_values)
+            return out.pixel_decoder_last_hidden_state, out.transformer_decoder_last_hidden_state
+
+    wrapped, pixels = Outputs(model).eval(), torch.randn(1, 3, 224, 224)
+    path = tmp_path / "mask2former.onnx"
+    torch.onnx.register_custom_op_symbolic("aten::grid_sampler", _mmdeploy_grid_sampler, 16)
+    try:
+        torch.onnx.export(wrapped, (pixels,), str(path), input_names=["pixel_values"], opset_version=16, dynamo=False)
+    finally:
+        torch.onnx.unregister_custom_op_symbolic("aten::grid_sampler", 16)
+    nodes = [(n.domain, n.op_type) for n in onnx.load(str(path)).graph.node]
+    assert nodes.count(("mmdeploy", "grid_sampler")) == 3  # one per feature level
+    outputs = opbridge_ort.InferenceSession(str(path)).run(None, {"pixel_values": pixels.numpy()})
+    with torch.no_grad():
+        for got, want in zip(outputs, wrapped(pixels), strict=True):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The node table and inspect
 
