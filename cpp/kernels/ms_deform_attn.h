@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/broadcast.h"
@@ -170,18 +171,258 @@ OPBRIDGE_HD inline void ms_deform_attn_sample_grads(const MSDeformAttnSample<T>&
   grad_y = a * dy * static_cast<T>(height);
 }
 
-// Queries per forward task: enough work to amortize the scheduling.
-inline int64_t ms_deform_attn_block_queries(const MSDeformAttnShape& s) {
-  const int64_t per_query = std::max<int64_t>(1, s.heads * s.levels * s.points * s.channels);
-  return std::clamp<int64_t>((int64_t(1) << 16) / per_query, 1, 256);
+// ---------------------------------------------------------------------------------------------------------------
+// The CPU kernels. Per (query, head), the L * P samples' corner rows and weights are computed together, 16 samples
+// to a vector (positions, floors, weights, row indices in lanes; the next (query, head)'s while the current one is
+// summed), then the corner rows are gathered and summed. The channel loops have a compile-time length for the usual
+// head sizes (D = 32 in Deformable DETR, DINO and Mask2Former; 16, 64), so a row is a few whole vector registers.
+// The forward runs the (query, head) pairs in the inputs' order: reading sampling_locations and attention_weights
+// head by head (a stride of M rows) cost more than the value rows' locality gained (docs/architecture.md, "Where
+// multi-scale deformable attention's time goes").
+//
+// The vectors are GCC's generic vector types, lowered for the target of the function they are used in; the task
+// functions are cloned for x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and baseline x86-64 and chosen at run time
+// (target_clones, as deform_conv2d's loops). Every clone does the same operations in the same order (no fused
+// multiply-adds: see the build flags), so the results do not depend on the CPU.
+
+// The helpers below pass vectors by value only inlined, so the ABI of a vector argument never applies.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+namespace msda_detail {
+
+template <class T, int N>
+struct VectorOf;
+#define OPBRIDGE_MSDA_VECTOR(T, N)                              \
+  template <>                                                   \
+  struct VectorOf<T, N> {                                       \
+    typedef T type __attribute__((vector_size(sizeof(T) * N))); \
+  };
+OPBRIDGE_MSDA_VECTOR(float, 16)
+OPBRIDGE_MSDA_VECTOR(double, 16)
+OPBRIDGE_MSDA_VECTOR(int32_t, 16)
+OPBRIDGE_MSDA_VECTOR(int64_t, 16)
+OPBRIDGE_MSDA_VECTOR(double, 8)  // a 64-byte row chunk of doubles (16 floats: above)
+#undef OPBRIDGE_MSDA_VECTOR
+
+// Samples per vector of the sample loop.
+constexpr int kLanes = 16;
+
+template <class V, class T>
+[[gnu::always_inline]] inline V load(const T* p) {
+  V v;
+  __builtin_memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <class V, class T>
+[[gnu::always_inline]] inline void store(T* p, const V& v) {
+  __builtin_memcpy(p, &v, sizeof(V));
 }
 
+// Channels per row chunk: 64 bytes (16 floats, 8 doubles), one AVX-512 register, two AVX2 or four SSE ones. The
+// arithmetic is lane by lane, so the register width changes no result.
+template <class T>
+constexpr int kChunk = 64 / static_cast<int>(sizeof(T));
+
+// Where the loads of a query's inputs start ahead of their use: the inputs of the query `kAhead` queries on (the
+// same head's rows are M rows apart, a stride the hardware prefetchers do not follow far enough).
+constexpr int64_t kAhead = 4;
+
+// Prefetches [p, p + bytes) into the cache.
+[[gnu::always_inline]] inline void prefetch(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
+}
+
+}  // namespace msda_detail
+
+// A query's samples, corner-major, padded to whole vectors: row[c][i] is the value row (key * M + m) of corner c of
+// sample i, or -1 where that corner is off the map (it then reads a row of zeros: an infinite value there must not
+// turn 0 * inf into NaN); weight[c][i] is the attention weight times the bilinear weight, 0 for a corner off the
+// map. I: the integer type of positions and rows, int32_t when every row index fits, else int64_t.
+template <class T, class I>
+struct MSDeformAttnTaps {
+  int64_t count = 0, padded = 0;  // L * P, rounded up to whole vectors
+  std::vector<I> row[4];
+  std::vector<T> weight[4];
+  std::vector<T> low_x, low_y;        // the fractions of x and y (backward)
+  std::vector<T> loc_x, loc_y, attn;  // the query's inputs, deinterleaved and padded (NaN: no sample)
+  std::vector<T> width_f, height_f;   // per sample: its level's W and H
+  std::vector<I> width, height, start;
+  explicit MSDeformAttnTaps(const MSDeformAttnShape& s, const int64_t* spatial_shapes, const int64_t* level_start) {
+    count = s.levels * s.points;
+    padded = (count + msda_detail::kLanes - 1) / msda_detail::kLanes * msda_detail::kLanes;
+    const auto n = static_cast<size_t>(padded);
+    for (int c = 0; c < 4; ++c) {
+      row[c].assign(n, I(-1));
+      weight[c].assign(n, T(0));
+    }
+    for (auto* v : {&low_x, &low_y, &attn}) v->assign(n, T(0));
+    for (auto* v : {&loc_x, &loc_y}) v->assign(n, std::numeric_limits<T>::quiet_NaN());
+    width_f.assign(n, T(1)), height_f.assign(n, T(1));
+    width.assign(n, I(1)), height.assign(n, I(1)), start.assign(n, I(0));
+    for (int64_t l = 0; l < s.levels; ++l) {
+      for (int64_t p = 0; p < s.points; ++p) {
+        const auto i = static_cast<size_t>(l * s.points + p);
+        height[i] = static_cast<I>(spatial_shapes[2 * l]), width[i] = static_cast<I>(spatial_shapes[2 * l + 1]);
+        start[i] = static_cast<I>(level_start[l]);
+        height_f[i] = static_cast<T>(height[i]), width_f[i] = static_cast<T>(width[i]);
+      }
+    }
+  }
+};
+
+// Whether int32_t rows serve: every row index key * M + m below 2^31 (then so are the sizes and starts).
+inline bool ms_deform_attn_rows_fit_int32(const MSDeformAttnShape& s) {
+  return s.keys * std::max<int64_t>(1, s.heads) < (int64_t(1) << 31);
+}
+
+// Fills `taps` for one (query, head) from loc [L * P, 2] and attn [L * P] of that query and head: the arithmetic of
+// ms_deform_attn_sample, 16 samples at a time.
+template <class T, class I>
+[[gnu::always_inline]] inline void ms_deform_attn_taps(MSDeformAttnTaps<T, I>& taps, const T* __restrict loc,
+                                                       const T* __restrict attn, I heads, I head) {
+  using namespace msda_detail;
+  using V = typename VectorOf<T, kLanes>::type;
+  using IV = typename VectorOf<I, kLanes>::type;
+  using MV = typename VectorOf<std::conditional_t<sizeof(T) == 4, int32_t, int64_t>, kLanes>::type;  // T's masks
+  for (int64_t i = 0; i < taps.count; ++i) {
+    taps.loc_x[i] = loc[2 * i], taps.loc_y[i] = loc[2 * i + 1], taps.attn[i] = attn[i];
+  }
+  for (int64_t i = 0; i < taps.padded; i += kLanes) {
+    const V width_f = load<V>(&taps.width_f[i]), height_f = load<V>(&taps.height_f[i]);
+    const IV width = load<IV>(&taps.width[i]), height = load<IV>(&taps.height[i]);
+    const V x = load<V>(&taps.loc_x[i]) * width_f - T(0.5), y = load<V>(&taps.loc_y[i]) * height_f - T(0.5);
+    const MV any_t = (x > T(-1)) & (y > T(-1)) & (x < width_f) & (y < height_f);  // NaN: false
+    const IV any = __builtin_convertvector(any_t, IV);
+    // floor() of a value in (-1, size): truncate value + 1, corrected where value + 1 rounded up; positions off the
+    // map are replaced by 0 first (their conversion to an integer would be undefined).
+    const V xs = any_t ? x : V{}, ys = any_t ? y : V{};
+    IV x0 = __builtin_convertvector(xs + T(1), IV) - 1, y0 = __builtin_convertvector(ys + T(1), IV) - 1;
+    x0 += __builtin_convertvector(__builtin_convertvector(x0, V) > xs, IV);  // masks are -1 where true
+    y0 += __builtin_convertvector(__builtin_convertvector(y0, V) > ys, IV);
+    const V lx = xs - __builtin_convertvector(x0, V), ly = ys - __builtin_convertvector(y0, V);
+    const V hx = T(1) - lx, hy = T(1) - ly, a = load<V>(&taps.attn[i]);
+    const IV top = any & (y0 >= 0), bottom = any & (y0 + 1 < height), left = x0 >= 0, right = x0 + 1 < width;
+    const IV in0 = top & left, in1 = top & right, in2 = bottom & left, in3 = bottom & right;
+    const IV r0 = ((load<IV>(&taps.start[i]) + y0 * width + x0) * heads) + head, r1 = r0 + heads;
+    const IV r2 = r0 + width * heads, r3 = r2 + heads;
+    store(&taps.low_x[i], lx), store(&taps.low_y[i], ly);
+    const V p0 = a * (hy * hx), p1 = a * (hy * lx), p2 = a * (ly * hx), p3 = a * (ly * lx);
+    const MV m0 = __builtin_convertvector(in0, MV), m1 = __builtin_convertvector(in1, MV);
+    const MV m2 = __builtin_convertvector(in2, MV), m3 = __builtin_convertvector(in3, MV);
+    store(&taps.weight[0][i], m0 ? p0 : V{}), store(&taps.weight[1][i], m1 ? p1 : V{});
+    store(&taps.weight[2][i], m2 ? p2 : V{}), store(&taps.weight[3][i], m3 ? p3 : V{});
+    store(&taps.row[0][i], in0 ? r0 : IV{} - 1), store(&taps.row[1][i], in1 ? r1 : IV{} - 1);
+    store(&taps.row[2][i], in2 ? r2 : IV{} - 1), store(&taps.row[3][i], in3 ? r3 : IV{} - 1);
+  }
+}
+
+// Queries per forward task: enough work to amortize the scheduling, small enough to balance threads.
+inline int64_t ms_deform_attn_block_queries(const MSDeformAttnShape& s) {
+  const int64_t per_query = std::max<int64_t>(1, s.heads * s.levels * s.points * s.channels);
+  return std::clamp<int64_t>((int64_t(1) << 15) / per_query, 1, 1024);
+}
+
+// out[k] (+)= w0 r0[k] + w1 r1[k] + w2 r2[k] + w3 r3[k] for k < d (D > 0: d = D at compile time), in 64-byte
+// chunks, then one channel at a time for the rest.
+template <class T, int D, bool kAdd>
+[[gnu::always_inline]] inline void ms_deform_attn_blend(T* __restrict out, const T* __restrict r0,
+                                                        const T* __restrict r1, const T* __restrict r2,
+                                                        const T* __restrict r3, T w0, T w1, T w2, T w3, int64_t d) {
+  using namespace msda_detail;
+  using C = typename VectorOf<T, kChunk<T>>::type;
+  const int64_t n = D > 0 ? D : d;
+  int64_t k = 0;
+  for (; k + kChunk<T> <= n; k += kChunk<T>) {
+    const C sum = w0 * load<C>(r0 + k) + w1 * load<C>(r1 + k) + w2 * load<C>(r2 + k) + w3 * load<C>(r3 + k);
+    store(out + k, kAdd ? load<C>(out + k) + sum : sum);
+  }
+  for (; k < n; ++k) {
+    const T sum = w0 * r0[k] + w1 * r1[k] + w2 * r2[k] + w3 * r3[k];
+    out[k] = kAdd ? out[k] + sum : sum;
+  }
+}
+
+// out rows [first, last) of image n, a row being one (query, head), query-major (the inputs' order, read
+// sequentially): D > 0 the channel count known at compile time, 0 any.
+template <class T, class I, int D>
+[[gnu::always_inline]] inline void ms_deform_attn_forward_block(const T* value_n, const T* loc_n, const T* attn_n,
+                                                                T* out_n, const MSDeformAttnShape& s, int64_t first,
+                                                                int64_t last, MSDeformAttnTaps<T, I>* taps_pair,
+                                                                const T* zeros) {
+  const int64_t d = D > 0 ? D : s.channels, m_count = s.heads, lp = taps_pair[0].count;
+  alignas(64) T local[D > 0 ? D : 1];  // the accumulator, in registers when D is known
+  auto prepare = [&](int64_t row, MSDeformAttnTaps<T, I>& taps) {
+    ms_deform_attn_taps(taps, loc_n + row * lp * 2, attn_n + row * lp, static_cast<I>(m_count),
+                        static_cast<I>(row % m_count));
+  };
+  if (first < last) prepare(first, taps_pair[0]);
+  for (int64_t row = first; row < last; ++row) {
+    const MSDeformAttnTaps<T, I>& taps = taps_pair[(row - first) & 1];
+    if (row + 1 < last) prepare(row + 1, taps_pair[(row + 1 - first) & 1]);
+    T* __restrict acc = D > 0 ? local : out_n + row * d;
+    const I* __restrict row0 = taps.row[0].data();
+    const I* __restrict row1 = taps.row[1].data();
+    const I* __restrict row2 = taps.row[2].data();
+    const I* __restrict row3 = taps.row[3].data();
+    for (int64_t i = 0; i < lp; ++i) {
+      const int64_t k0 = row0[i], k1 = row1[i], k2 = row2[i], k3 = row3[i];
+      const T* r0 = k0 >= 0 ? value_n + k0 * d : zeros;
+      const T* r1 = k1 >= 0 ? value_n + k1 * d : zeros;
+      const T* r2 = k2 >= 0 ? value_n + k2 * d : zeros;
+      const T* r3 = k3 >= 0 ? value_n + k3 * d : zeros;
+      const T w0 = taps.weight[0][i], w1 = taps.weight[1][i], w2 = taps.weight[2][i], w3 = taps.weight[3][i];
+      if (i == 0) {
+        ms_deform_attn_blend<T, D, false>(acc, r0, r1, r2, r3, w0, w1, w2, w3, d);
+      } else {
+        ms_deform_attn_blend<T, D, true>(acc, r0, r1, r2, r3, w0, w1, w2, w3, d);
+      }
+    }
+    if (lp == 0) {
+      for (int64_t k = 0; k < d; ++k) acc[k] = T(0);
+    }
+    if (D > 0) {
+      T* __restrict out = out_n + row * d;
+      for (int64_t k = 0; k < d; ++k) out[k] = acc[k];
+    }
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define OPBRIDGE_MSDA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define OPBRIDGE_MSDA_CLONES
+#endif
+
+// The task functions' bodies for D = 16, 32, 64 or any (0), by the channel count.
+#define OPBRIDGE_MSDA_BY_CHANNELS(channels, body, T, I, ...) \
+  switch (channels) {                                        \
+    case 16:                                                 \
+      return body<T, I, 16>(__VA_ARGS__);                    \
+    case 32:                                                 \
+      return body<T, I, 32>(__VA_ARGS__);                    \
+    case 64:                                                 \
+      return body<T, I, 64>(__VA_ARGS__);                    \
+    default:                                                 \
+      return body<T, I, 0>(__VA_ARGS__);                     \
+  }
+
+#define OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I)                                                                        \
+  [[maybe_unused]] OPBRIDGE_MSDA_CLONES static void ms_deform_attn_forward_task(                                       \
+      const T* value_n, const T* loc_n, const T* attn_n, T* out_n, const MSDeformAttnShape& s, int64_t first,          \
+      int64_t last, MSDeformAttnTaps<T, I>* taps, const T* zeros) {                                                    \
+    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_block, T, I, value_n, loc_n, attn_n, out_n, s, first, \
+                              last, taps, zeros)                                                                       \
+  }
+OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(float, int32_t)
+OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(float, int64_t)
+OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(double, int32_t)
+OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(double, int64_t)
+#undef OPBRIDGE_DEFINE_MSDA_FORWARD_TASK
+
 // out [N, Lq, M * D]. spatial_shapes and level_start_index as checked by check_ms_deform_attn.
-// parallel_for(tasks, task) runs task(0..tasks-1), in any order and on any threads.
-//
-// Per (query, head) the channels accumulate in a buffer of the task's; each sample adds its four
-// corners in one pass over the channels (a corner outside the map reads a row of zeros with weight 0),
-// which the compiler vectorizes: no branch and no aliasing inside the channel loop.
+// parallel_for(tasks, task) runs task(0..tasks-1), in any order and on any threads. Tasks are (image, block of
+// queries).
 template <class T, class ParallelFor>
 void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
                     const T* sampling_locations, const T* attention_weights, T* out, const MSDeformAttnShape& s,
@@ -190,41 +431,140 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
   const int64_t block = ms_deform_attn_block_queries(s);
   const int64_t blocks = (s.queries + block - 1) / block;
   const std::vector<T> zeros(static_cast<size_t>(d), T(0));
-  parallel_for(s.batch * blocks, [&](int64_t task) {
-    const int64_t n = task / blocks, first = task % blocks * block, last = std::min(s.queries, first + block);
-    const T* value_n = value + n * s.keys * m_count * d;
-    std::vector<T> buffer(static_cast<size_t>(d));
-    T* __restrict acc = buffer.data();
-    for (int64_t q = first; q < last; ++q) {
-      for (int64_t m = 0; m < m_count; ++m) {
-        std::fill(acc, acc + d, T(0));
-        const int64_t row = (n * s.queries + q) * m_count + m;
-        const T* loc = sampling_locations + row * lp * 2;
-        const T* attn = attention_weights + row * lp;
-        for (int64_t l = 0; l < s.levels; ++l) {
-          const int64_t height = spatial_shapes[2 * l], width = spatial_shapes[2 * l + 1];
-          for (int64_t p = 0; p < s.points; ++p) {
-            const int64_t i = l * s.points + p;
-            const auto sample = ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], height, width, level_start_index[l]);
-            if (!sample.any) continue;
-            const T* r[4];
-            T w[4];
-            for (int c = 0; c < 4; ++c) {
-              r[c] = sample.inside[c] ? value_n + (sample.key[c] * m_count + m) * d : zeros.data();
-              w[c] = sample.inside[c] ? attn[i] * sample.weight[c] : T(0);  // an infinite weight times 0: NaN
-            }
-            const T* __restrict r0 = r[0];
-            const T* __restrict r1 = r[1];
-            const T* __restrict r2 = r[2];
-            const T* __restrict r3 = r[3];
-            for (int64_t k = 0; k < d; ++k) acc[k] += w[0] * r0[k] + w[1] * r1[k] + w[2] * r2[k] + w[3] * r3[k];
-          }
-        }
-        std::copy(acc, acc + d, out + row * d);
+  auto run = [&](auto index) {
+    using I = decltype(index);
+    parallel_for(s.batch * blocks, [&](int64_t task) {
+      const int64_t n = task / blocks, first = task % blocks * block, last = std::min(s.queries, first + block);
+      const int64_t rows = n * s.queries * m_count;
+      MSDeformAttnTaps<T, I> taps[2] = {MSDeformAttnTaps<T, I>(s, spatial_shapes, level_start_index),
+                                        MSDeformAttnTaps<T, I>(s, spatial_shapes, level_start_index)};
+      ms_deform_attn_forward_task(value + n * s.keys * m_count * d, sampling_locations + rows * lp * 2,
+                                  attention_weights + rows * lp, out + rows * d, s, first * m_count, last * m_count,
+                                  taps, zeros.data());
+    });
+  };
+  if (ms_deform_attn_rows_fit_int32(s)) {
+    run(int32_t{});
+  } else {
+    run(int64_t{});
+  }
+}
+
+// x . y over d channels (D > 0: at compile time) in a fixed order: 64-byte chunks summed lane by lane, the lanes
+// added in a fixed tree, then the rest one by one. Written out so that no clone reassociates the sum.
+template <class T, int D>
+[[gnu::always_inline]] inline T ms_deform_attn_dot(const T* __restrict x, const T* __restrict y, int64_t d) {
+  using namespace msda_detail;
+  using C = typename VectorOf<T, kChunk<T>>::type;
+  const int64_t n = D > 0 ? D : d;
+  C lanes{};
+  int64_t k = 0;
+  for (; k + kChunk<T> <= n; k += kChunk<T>) lanes += load<C>(x + k) * load<C>(y + k);
+  T sum;
+  for (int w = kChunk<T> / 2; w >= 1; w /= 2) {  // a fixed tree: lane l += lane l + w
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  }
+  sum = lanes[0];
+  for (; k < n; ++k) sum += x[k] * y[k];
+  return sum;
+}
+
+// The gradients of one (image, head) for every query, in a fixed order (queries, then samples): value's rows of
+// the head (grad_value_n, accumulated), and the head's sampling_locations and attention_weights (written).
+template <class T, class I, int D>
+[[gnu::always_inline]] inline void ms_deform_attn_backward_head(const T* grad_out_n, const T* value_n, const T* loc_n,
+                                                                const T* attn_n, const MSDeformAttnShape& s,
+                                                                int64_t head, T* grad_value_n, T* grad_loc_n,
+                                                                T* grad_attn_n, MSDeformAttnTaps<T, I>& taps,
+                                                                const T* zeros, T* scratch, T* dots) {
+  using namespace msda_detail;
+  using C = typename VectorOf<T, kChunk<T>>::type;
+  const int64_t d = D > 0 ? D : s.channels, m_count = s.heads, lp = taps.count;
+  T* __restrict dot0 = dots;
+  T* __restrict dot1 = dots + lp;
+  T* __restrict dot2 = dots + 2 * lp;
+  T* __restrict dot3 = dots + 3 * lp;
+  for (int64_t q = 0; q < s.queries; ++q) {
+    const int64_t query_row = q * m_count + head;
+    if (q + kAhead < s.queries) {
+      const int64_t ahead = query_row + kAhead * m_count;
+      prefetch(loc_n + ahead * lp * 2, lp * 2 * static_cast<int64_t>(sizeof(T)));
+      prefetch(attn_n + ahead * lp, lp * static_cast<int64_t>(sizeof(T)));
+      prefetch(grad_out_n + ahead * d, d * static_cast<int64_t>(sizeof(T)));
+    }
+    const T* __restrict attn = attn_n + query_row * lp;
+    ms_deform_attn_taps(taps, loc_n + query_row * lp * 2, attn, static_cast<I>(m_count), static_cast<I>(head));
+    const T* __restrict g = grad_out_n + query_row * d;
+    for (int64_t i = 0; i < lp; ++i) {
+      const int64_t k[4] = {taps.row[0][i], taps.row[1][i], taps.row[2][i], taps.row[3][i]};  // int64: addresses
+      const T* r[4];
+      T* gr[4];
+      for (int c = 0; c < 4; ++c) {  // a corner off the map reads zeros and writes a scratch row of its own
+        r[c] = k[c] >= 0 ? value_n + k[c] * d : zeros;
+        gr[c] = k[c] >= 0 ? grad_value_n + k[c] * d : scratch + c * d;
+      }
+      // g . v_c for the four corners give every gradient but value's (zero off the map, below).
+      dot0[i] = ms_deform_attn_dot<T, D>(g, r[0], d);
+      dot1[i] = ms_deform_attn_dot<T, D>(g, r[1], d);
+      dot2[i] = ms_deform_attn_dot<T, D>(g, r[2], d);
+      dot3[i] = ms_deform_attn_dot<T, D>(g, r[3], d);
+      const T w0 = taps.weight[0][i], w1 = taps.weight[1][i], w2 = taps.weight[2][i], w3 = taps.weight[3][i];
+      T* __restrict g0 = gr[0];
+      T* __restrict g1 = gr[1];
+      T* __restrict g2 = gr[2];
+      T* __restrict g3 = gr[3];
+      int64_t c = 0;
+      for (; c + kChunk<T> <= d; c += kChunk<T>) {
+        const C gc = load<C>(g + c);
+        store(g0 + c, load<C>(g0 + c) + w0 * gc);
+        store(g1 + c, load<C>(g1 + c) + w1 * gc);
+        store(g2 + c, load<C>(g2 + c) + w2 * gc);
+        store(g3 + c, load<C>(g3 + c) + w3 * gc);
+      }
+      for (; c < d; ++c) {
+        g0[c] += w0 * g[c];
+        g1[c] += w1 * g[c];
+        g2[c] += w2 * g[c];
+        g3[c] += w3 * g[c];
       }
     }
-  });
+    // The samples' weight and location gradients (ms_deform_attn_sample_grads' arithmetic).
+    T* __restrict grad_loc = grad_loc_n + query_row * lp * 2;
+    T* __restrict grad_attn = grad_attn_n + query_row * lp;
+    for (int64_t i = 0; i < lp; ++i) {
+      const bool in0 = taps.row[0][i] >= 0, in1 = taps.row[1][i] >= 0, in2 = taps.row[2][i] >= 0,
+                 in3 = taps.row[3][i] >= 0;
+      // Corners off the map read zeros; an infinite gradient times those zeros would be NaN.
+      const T v0 = in0 ? dot0[i] : T(0), v1 = in1 ? dot1[i] : T(0), v2 = in2 ? dot2[i] : T(0),
+              v3 = in3 ? dot3[i] : T(0);
+      const T lx = taps.low_x[i], ly = taps.low_y[i], hx = T(1) - lx, hy = T(1) - ly, a = attn[i];
+      const T dx = hy * (v1 - v0) + ly * (v3 - v2), dy = hx * (v2 - v0) + lx * (v3 - v1);
+      if (in0 || in1 || in2 || in3) {
+        grad_attn[i] = hy * hx * v0 + hy * lx * v1 + ly * hx * v2 + ly * lx * v3;
+        grad_loc[2 * i] = a * dx * taps.width_f[i];
+        grad_loc[2 * i + 1] = a * dy * taps.height_f[i];
+      } else {
+        grad_attn[i] = grad_loc[2 * i] = grad_loc[2 * i + 1] = T(0);
+      }
+    }
+  }
 }
+
+#define OPBRIDGE_DEFINE_MSDA_BACKWARD_TASK(T, I)                                                                     \
+  [[maybe_unused]] OPBRIDGE_MSDA_CLONES static void ms_deform_attn_backward_task(                                    \
+      const T* grad_out_n, const T* value_n, const T* loc_n, const T* attn_n, const MSDeformAttnShape& s,            \
+      int64_t head, T* grad_value_n, T* grad_loc_n, T* grad_attn_n, MSDeformAttnTaps<T, I>& taps, const T* zeros,    \
+      T* scratch, T* dots) {                                                                                         \
+    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_backward_head, T, I, grad_out_n, value_n, loc_n, attn_n, s, \
+                              head, grad_value_n, grad_loc_n, grad_attn_n, taps, zeros, scratch, dots)               \
+  }
+OPBRIDGE_DEFINE_MSDA_BACKWARD_TASK(float, int32_t)
+OPBRIDGE_DEFINE_MSDA_BACKWARD_TASK(float, int64_t)
+OPBRIDGE_DEFINE_MSDA_BACKWARD_TASK(double, int32_t)
+OPBRIDGE_DEFINE_MSDA_BACKWARD_TASK(double, int64_t)
+#undef OPBRIDGE_DEFINE_MSDA_BACKWARD_TASK
+#undef OPBRIDGE_MSDA_BY_CHANNELS
+#undef OPBRIDGE_MSDA_CLONES
 
 // Gradients of value [N, S, M, D] (must be zero on entry), sampling_locations and attention_weights
 // (written in full) from grad_out [N, Lq, M * D]. One task per (image, head): a task owns the
@@ -237,73 +577,28 @@ void ms_deform_attn_backward(const T* grad_out, const T* value, const int64_t* s
                              T* grad_attention_weights, ParallelFor&& parallel_for) {
   const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
   const std::vector<T> zeros(static_cast<size_t>(d), T(0));
-  parallel_for(s.batch * m_count, [&](int64_t task) {
-    const int64_t n = task / m_count, m = task % m_count;
-    const T* value_n = value + n * s.keys * m_count * d;
-    T* grad_value_n = grad_value + n * s.keys * m_count * d;
-    // Rows a corner outside the map writes to and never reads back: one per corner, so the four rows of a
-    // sample never alias.
-    std::vector<T> scratch(static_cast<size_t>(4 * d));
-    for (int64_t q = 0; q < s.queries; ++q) {
-      const int64_t row = (n * s.queries + q) * m_count + m;
-      const T* __restrict g = grad_out + row * d;
-      const T* loc = sampling_locations + row * lp * 2;
-      const T* attn = attention_weights + row * lp;
-      T* grad_loc = grad_sampling_locations + row * lp * 2;
-      T* grad_attn = grad_attention_weights + row * lp;
-      for (int64_t l = 0; l < s.levels; ++l) {
-        const int64_t height = spatial_shapes[2 * l], width = spatial_shapes[2 * l + 1];
-        for (int64_t p = 0; p < s.points; ++p) {
-          const int64_t i = l * s.points + p;
-          const auto sample = ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], height, width, level_start_index[l]);
-          grad_loc[2 * i] = grad_loc[2 * i + 1] = grad_attn[i] = T(0);
-          if (!sample.any) continue;
-          const T* r[4];
-          T* gr[4];
-          for (int c = 0; c < 4; ++c) {
-            const int64_t offset = (sample.key[c] * m_count + m) * d;
-            r[c] = sample.inside[c] ? value_n + offset : zeros.data();
-            gr[c] = sample.inside[c] ? grad_value_n + offset : scratch.data() + c * d;
-          }
-          // g . v_c for the four corners (zero outside the map) give every gradient but value's.
-          T dot0 = T(0), dot1 = T(0), dot2 = T(0), dot3 = T(0);
-          {
-            const T* __restrict r0 = r[0];
-            const T* __restrict r1 = r[1];
-            const T* __restrict r2 = r[2];
-            const T* __restrict r3 = r[3];
-            for (int64_t k = 0; k < d; ++k) {
-              dot0 += g[k] * r0[k];
-              dot1 += g[k] * r1[k];
-              dot2 += g[k] * r2[k];
-              dot3 += g[k] * r3[k];
-            }
-          }
-          // Corners off the map read zeros; an infinite gradient times those zeros would be NaN.
-          dot0 = sample.inside[0] ? dot0 : T(0);
-          dot1 = sample.inside[1] ? dot1 : T(0);
-          dot2 = sample.inside[2] ? dot2 : T(0);
-          dot3 = sample.inside[3] ? dot3 : T(0);
-          const T a = attn[i];
-          const T dots[4] = {dot0, dot1, dot2, dot3};
-          ms_deform_attn_sample_grads(sample, dots, a, height, width, grad_attn[i], grad_loc[2 * i],
-                                      grad_loc[2 * i + 1]);
-          const T w0 = a * sample.weight[0], w1 = a * sample.weight[1], w2 = a * sample.weight[2],
-                  w3 = a * sample.weight[3];
-          T* __restrict g0 = gr[0];
-          T* __restrict g1 = gr[1];
-          T* __restrict g2 = gr[2];
-          T* __restrict g3 = gr[3];
-          for (int64_t k = 0; k < d; ++k) {
-            g0[k] += w0 * g[k];
-            g1[k] += w1 * g[k];
-            g2[k] += w2 * g[k];
-            g3[k] += w3 * g[k];
-          }
-        }
-      }
-    }
-  });
+  auto run = [&](auto index) {
+    using I = decltype(index);
+    parallel_for(s.batch * m_count, [&](int64_t task) {
+      const int64_t n = task / m_count, head = task % m_count;
+      MSDeformAttnTaps<T, I> taps(s, spatial_shapes, level_start_index);
+      // Rows a corner outside the map writes to and never reads back: one per corner, so the four rows of a
+      // sample never alias.
+      std::vector<T> scratch(static_cast<size_t>(4 * d)), dots(static_cast<size_t>(4 * lp));
+      const int64_t values = n * s.keys * m_count * d, rows = n * s.queries * m_count;
+      ms_deform_attn_backward_task(grad_out + rows * d, value + values, sampling_locations + rows * lp * 2,
+                                   attention_weights + rows * lp, s, head, grad_value + values,
+                                   grad_sampling_locations + rows * lp * 2, grad_attention_weights + rows * lp, taps,
+                                   zeros.data(), scratch.data(), dots.data());
+    });
+  };
+  if (ms_deform_attn_rows_fit_int32(s)) {
+    run(int32_t{});
+  } else {
+    run(int64_t{});
+  }
 }
+
+#pragma GCC diagnostic pop
 
 }  // namespace opbridge::kernels
