@@ -388,7 +388,10 @@ template <class T, class I, int D>
   }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+// OPBRIDGE_NO_CPU_CLONES: one version, for the compiler's target (the kernel tests build each clone's code this way
+// with -march=x86-64-v3 / -v4 / none, so every clone's arithmetic is tested on a CPU that has the instructions).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && \
+    !defined(OPBRIDGE_NO_CPU_CLONES)
 #define OPBRIDGE_MSDA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define OPBRIDGE_MSDA_CLONES

@@ -3,6 +3,8 @@
 // determinism, and the checks of the level table.
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -159,7 +161,54 @@ void test_checks() {
 
 }  // namespace
 
-int main() {
+// A digest of the bits of the forward and backward outputs, float and double, over head sizes with and without a
+// compile-time kernel (32, 16, 64; 7, 33): the builds of each CPU clone's code must print the same one
+// (cpp/tests/CMakeLists.txt, kernels_ms_deform_attn_clones).
+template <class T>
+uint64_t digest_of(uint64_t digest, int64_t channels) {
+  const std::vector<int64_t> spatial{7, 9, 4, 5, 2, 3}, start{0, 63, 83};
+  const MSDeformAttnShape s{2, 89, 3, channels, 40, 3, 5};
+  std::mt19937 rng(static_cast<unsigned>(channels));
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_real_distribution<double> uniform(-0.2, 1.2);
+  std::vector<T> value(s.batch * s.keys * s.heads * channels), loc(s.batch * s.queries * s.heads * 15 * 2);
+  std::vector<T> attn(loc.size() / 2), grad(s.batch * s.queries * s.heads * channels);
+  for (auto* v : {&value, &attn, &grad}) {
+    for (auto& x : *v) x = static_cast<T>(normal(rng));
+  }
+  for (auto& x : loc) x = static_cast<T>(uniform(rng));
+  std::vector<T> out(grad.size()), gv(value.size(), T(0)), gl(loc.size()), ga(attn.size());
+  ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), out.data(), s, ThreadedFor{});
+  ms_deform_attn_backward(grad.data(), value.data(), spatial.data(), start.data(), loc.data(), attn.data(), s,
+                          gv.data(), gl.data(), ga.data(), ThreadedFor{});
+  for (const auto* v : {&out, &gv, &gl, &ga}) {
+    for (T x : *v) {
+      uint64_t bits = 0;
+      std::memcpy(&bits, &x, sizeof(T));
+      digest = (digest ^ bits) * 1099511628211ull;  // FNV-1a over whole words
+    }
+  }
+  return digest;
+}
+
+int main(int argc, char** argv) {
+#if defined(OPBRIDGE_TEST_LEVEL) && defined(__x86_64__)
+  // A build for x86-64-v3 / -v4 runs only where the CPU has those instructions (77: ctest's skip).
+  const std::string level = OPBRIDGE_TEST_LEVEL;
+  __builtin_cpu_init();
+  if ((level == "v3" && !__builtin_cpu_supports("x86-64-v3")) ||
+      (level == "v4" && !__builtin_cpu_supports("x86-64-v4"))) {
+    std::printf("skipped: this CPU is not %s\n", level.c_str());
+    return 77;
+  }
+#endif
+  if (argc > 1 && std::string(argv[1]) == "--digest") {
+    uint64_t digest = 1469598103934665603ull;
+    for (int64_t channels : {32, 16, 64, 7, 33})
+      digest = digest_of<double>(digest_of<float>(digest, channels), channels);
+    std::printf("%016llx\n", static_cast<unsigned long long>(digest));
+    return 0;
+  }
   test_forward_direct();
   test_backward_finite_differences();
   test_nan_and_far_locations();

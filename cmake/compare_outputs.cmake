@@ -1,0 +1,22 @@
+# cmake -DPROGRAMS="a|b|c" -DARGUMENTS=--digest -P compare_outputs.cmake: runs each program with ARGUMENTS and
+# fails unless all print the same. A program exiting 77 (its CPU lacks the instructions it was built for) is left
+# out, as ctest skips its own test.
+string(REPLACE "|" ";" programs "${PROGRAMS}")
+set(first "")
+foreach(program IN LISTS programs)
+  execute_process(COMMAND "${program}" ${ARGUMENTS} OUTPUT_VARIABLE output RESULT_VARIABLE result)
+  if(result EQUAL 77)
+    message(STATUS "${program}: skipped (this CPU lacks its instructions)")
+    continue()
+  elseif(NOT result EQUAL 0)
+    message(FATAL_ERROR "${program} ${ARGUMENTS} failed with ${result}")
+  endif()
+  string(STRIP "${output}" output)
+  message(STATUS "${program}: ${output}")
+  if(first STREQUAL "")
+    set(first "${output}")
+    set(first_program "${program}")
+  elseif(NOT output STREQUAL first)
+    message(FATAL_ERROR "${program} printed ${output}, ${first_program} printed ${first}: the CPU clones differ")
+  endif()
+endforeach()
