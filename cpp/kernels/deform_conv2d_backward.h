@@ -92,6 +92,17 @@ struct DeformConv2dGrads {
   T* bias = nullptr;    // [C_out], or nullptr
 };
 
+// One sample (offset group, tap, pixel) of an image, for the input gradient's scatter: the index of its
+// (low, low) corner in the plane, its four bilinear weights and mask, and which corners are on the image
+// (bit c: corner c; 0 for a sample outside).
+template <class T>
+struct SampledTap {
+  int64_t base;
+  T weight[4];
+  T mask;
+  uint8_t corners;
+};
+
 // Pixels per task of the per-pixel passes, and the fixed number of partial sums of grad_weight per image.
 constexpr int64_t kBackwardPixelChunk = 256;
 constexpr int64_t kWeightGradChunks = 8;
@@ -124,6 +135,7 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
   const int64_t weight_chunk = (pixels + weight_chunks - 1) / weight_chunks;
   std::vector<T> partial(static_cast<size_t>(weight_chunks * s.out_channels * depth));
   const int64_t pixel_chunks = (pixels + kBackwardPixelChunk - 1) / kBackwardPixelChunk;
+  std::vector<SampledTap<T>> sampled(static_cast<size_t>(s.offset_groups * taps * pixels));
 
   for (int64_t n = 0; n < s.batch; ++n) {
     const T* image = input + n * s.in_channels * plane;
@@ -152,8 +164,17 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
       });
     };
 
-    // 1. columns (channel-major) and grad_out^T.
+    // 1. columns (channel-major), the samples' table, and grad_out^T.
     for_each_sample([&](int64_t og, int64_t k, int64_t p, const BilinearPoint<T>& point, T m) {
+      SampledTap<T>& tap = sampled[(og * taps + k) * pixels + p];
+      tap.corners = 0;
+      if (point.inside) {
+        tap.base = point.index(0, s.width), tap.mask = m;
+        for (int corner = 0; corner < 4; ++corner) {
+          tap.weight[corner] = point.weight(corner);
+          tap.corners |= static_cast<uint8_t>(point.corner[corner] ? 1 << corner : 0);
+        }
+      }
       for (int64_t c = og * per_offset_group; c < (og + 1) * per_offset_group; ++c) {
         T v[4];
         point.values(image + c * plane, s.width, v);
@@ -217,17 +238,21 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
 
     // 5. grad_input: one task per channel plane scatters into it.
     T* image_grad_input = grads.input + n * s.in_channels * plane;
+    // The samples come from the table of step 1: their positions are computed once per (offset group, tap,
+    // pixel), not once per channel.
+    const int64_t corner_offset[4] = {0, 1, s.width, s.width + 1};
     parallel_for(s.in_channels, [&](int64_t c) {
       const int64_t og = c / per_offset_group;
       T* target = image_grad_input + c * plane;
       for (int64_t k = 0; k < taps; ++k) {
         const T* g = grad_columns.data() + (c * taps + k) * pixels;
+        const SampledTap<T>* tap = sampled.data() + (og * taps + k) * pixels;
         for (int64_t p = 0; p < pixels; ++p) {
-          const auto point = position(og, k, p);
-          if (!point.inside) continue;
-          const T scaled = g[p] * mask_at(og, k, p);
+          const SampledTap<T>& t = tap[p];
+          if (t.corners == 0) continue;
+          const T scaled = g[p] * t.mask;
           for (int corner = 0; corner < 4; ++corner) {
-            if (point.corner[corner]) target[point.index(corner, s.width)] += point.weight(corner) * scaled;
+            if (t.corners & (1 << corner)) target[t.base + corner_offset[corner]] += t.weight[corner] * scaled;
           }
         }
       }
