@@ -4,8 +4,8 @@
     nox -s parity         the main job: the export/ORT parity matrix on the default versions
     nox -s ort_versions   the ORT library alone (no torch) against an old, a middle and the newest ORT
     nox -s lint           ruff and clang-format
-    nox -s bench          opbridge's kernels against their baselines (ORT's ops, torch eager, torchvision,
-                          the memory-bandwidth and GEMM bounds): docs/benchmarks.md
+    nox -s bench          opbridge's kernels against their baselines (ORT's ops, OpenVINO, torch eager,
+                          torchvision, the memory-bandwidth and GEMM bounds): docs/benchmarks.md
     nox -s bench_layers   the torch ops on the stable-ABI layer against the classic layer, same torch
     nox -s coverage       which PyTorch ops export correctly, per exporter and opset, without and with opbridge
                           (PyTorch's op database through both exporters into ORT): docs/coverage.md
@@ -186,6 +186,8 @@ def bench(session: nox.Session) -> None:
     install_opbridge(session)
     # The baseline of deform_conv2d's standard-ops lowering: another project's decomposition (opset 12).
     session.install("deform-conv2d-onnx-exporter==1.2.0")
+    # The runtime users could pick instead of ORT: OpenVINO's CPU plugin on the same standard-ops models.
+    session.install("openvino==2026.4.1")
     build_dir = ROOT / "build" / "nox-bench-helpers"  # not nox-bench: that is the wheel build of install_opbridge
     session.run(
         "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",

@@ -3,11 +3,15 @@ timing them, and computes ratios and target verdicts from the rows. No timings a
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 import numpy as np
+import onnx
 import pytest
 
 from opbridge.tools import bench
-from opbridge.tools.bench import _framework, deform_conv2d, my_add
+from opbridge.tools.bench import _framework, _openvino, deform_conv2d, my_add
 
 
 @pytest.fixture
@@ -35,6 +39,17 @@ def test_bench_runs_every_path_on_small_sizes(tiny, tmp_path):
     assert triad and all(r["median_ms"] is None and "triad-library" in r["note"] for r in triad)
     text = md_path.read_text()
     assert "## my_add: times (ms)" in text and "## deform_conv2d: ratios" in text
+    if importlib.util.find_spec("openvino") is not None:  # installed by `nox -s bench`
+        assert ("deform_conv2d", "openvino_standard") in timed and ("deform_conv2d", "openvino_default") in timed
+        assert "| ort_custom | openvino_standard |" in text and "openvino_default" in text and "max abs error" in text
+
+
+def test_openvino_paths_are_rows_marked_na_without_openvino(monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
+    rows = []
+    want = np.zeros(3, dtype=np.float32)
+    _openvino.record_paths(lambda *row: rows.append(row), 2, onnx.ModelProto(), {}, want, 1e-4, 1e-4)
+    assert rows == [(2, path, None, "n/a: openvino not installed") for path in _openvino.PATHS]
 
 
 def test_outputs_are_checked_before_timing():

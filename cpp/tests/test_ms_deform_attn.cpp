@@ -163,7 +163,7 @@ void test_checks() {
 
 // A digest of the bits of the forward and backward outputs, float and double, over head sizes with and without a
 // compile-time kernel (32, 16, 64; 7, 33): the builds of each CPU clone's code must print the same one
-// (cpp/tests/CMakeLists.txt, kernels_ms_deform_attn_clones).
+// (cpp/tests/CMakeLists.txt, kernels_test_ms_deform_attn_clones).
 template <class T>
 uint64_t digest_of(uint64_t digest, int64_t channels) {
   const std::vector<int64_t> spatial{7, 9, 4, 5, 2, 3}, start{0, 63, 83};

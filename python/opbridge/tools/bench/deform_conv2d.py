@@ -4,9 +4,12 @@
                 (ORT >= 1.25); ``ort_decomposition``: opbridge's standard-ops lowering (opset 18, dynamic
                 batch and image size); ``ort_dce_exporter``: the standard-ops model of the PyPI package
                 ``deform-conv2d-onnx-exporter`` 1.2.0 (opset 12, static shapes; installed by ``nox -s bench``),
+``openvino_standard``  the opset-18 lowering in OpenVINO's CPU plugin, float32 (OpenVINO does not read
+                ``DeformConv``-19); ``openvino_default``: the same at the plugin's default precision (``_openvino.py``),
 ``gemm``        the GEMMs of the same sizes alone (OpenBLAS, its own threads),
 ``torch_op``    ``opbridge.deform_conv2d``; ``torch_torchvision``: torchvision's CPU kernel,
-``torch_backward`` / ``torchvision_backward``  all five gradients through each.
+``torch_backward`` / ``torchvision_backward``  all five gradients through each; ``torch_train`` /
+                ``torchvision_train``: a training step's share, the forward and all five gradients.
 """
 
 from __future__ import annotations
@@ -26,15 +29,17 @@ import torch
 
 import opbridge
 
-from . import Bench, Target, check_close, checked_run, ort_session
+from . import Bench, Row, Target, _openvino, check_close, checked_run, ort_session
 
 TARGETS = [
     Target("ort_custom", "ort_standard", 1.0),
     Target("ort_custom", "ort_decomposition", None),
+    Target("ort_custom", "openvino_standard", 1.0),
     Target("ort_decomposition", "ort_dce_exporter", 1.5),
     Target("ort_custom", "gemm", 0.5),
     Target("torch_op", "torch_torchvision", 3.0),
     Target("torch_backward", "torchvision_backward", 3.0),
+    Target("torch_train", "torchvision_train", 3.0),
 ]
 _NO_TORCHVISION = "n/a: torchvision's compiled ops do not load with this torch"
 
@@ -108,6 +113,7 @@ def _case(bench: Bench, shape: DeformShape, torchvision_op, blas: _OpenBLAS | No
                 record(threads, path, None, f"n/a: {str(error).splitlines()[0][:80]}")
                 continue
             record(threads, path, checked_run(path, session, inputs, want, 1e-4, 1e-4))
+        _openvino.record_paths(record, threads, models["ort_decomposition"], inputs, want, 1e-4, 1e-4)
         if blas is not None:
             record(threads, "gemm", blas.gemm_call(shape, threads), "OpenBLAS sgemm, same sizes")
         else:
@@ -120,6 +126,10 @@ def _case(bench: Bench, shape: DeformShape, torchvision_op, blas: _OpenBLAS | No
             check_close("torch_torchvision", torch_torchvision().numpy(), want, 1e-4, 1e-4)
             record(threads, "torch_torchvision", torch_torchvision)
         _backward(record, threads, torchvision_op, (x, offset, weight, bias, mask))
+
+
+def notes(rows: list[Row]) -> list[str]:
+    return _openvino.notes("deform_conv2d", rows)
 
 
 def _backward(record, threads: int, torchvision_op, tensors) -> None:
@@ -142,6 +152,16 @@ def _backward(record, threads: int, torchvision_op, tensors) -> None:
         check_close(f"torch_backward {name}", got.numpy(), want.numpy(), 1e-3, 1e-3)
     record(threads, "torch_backward", ours)
     record(threads, "torchvision_backward", theirs)
+
+    def train_step(op):  # a training step's share: the forward and all five gradients
+        def step():
+            out = op(x, offset, weight, bias, (1, 1), (1, 1), (1, 1), mask)
+            return torch.autograd.grad(out, leaves, torch.ones_like(out))
+
+        return step
+
+    record(threads, "torch_train", train_step(opbridge.deform_conv2d))
+    record(threads, "torchvision_train", train_step(torchvision_op))
 
 
 def _export(module: torch.nn.Module, args: tuple, opset: int, lowering: str, dynamic: bool = False) -> onnx.ModelProto:

@@ -2,9 +2,17 @@
 queries, d_model 256 = 8 heads x 32 channels, 4 levels, 4 points; an 800x1333 and a 512x512 image at strides 8-64).
 
     ``ort_custom``  ORT ``opbridge::MultiScaleDeformableAttention``; ``ort_standard``: the GridSample lowering,
+                    ``openvino_standard`` / ``openvino_default``: that lowering in OpenVINO's CPU plugin, float32
+                    and at the plugin's default precision (``_openvino.py``),
     ``torch_op``    ``opbridge.ms_deform_attn``; ``torch_reference``: the grid_sample reference
                     (Deformable DETR's pure-PyTorch path), ``torch_backward`` / ``torch_reference_backward``:
                     the gradients of value, sampling_locations and attention_weights through each.
+    ``roofline``    the essential work alone (``libopbridge_bench``, cpp/bench/gather_roofline.cpp): the same value
+                    rows gathered and summed with the same weights, from a table of rows and weights computed
+                    beforehand, in the forward's order, compiled for this CPU; ``roofline_backward``: the
+                    backward's (each row dotted with the output gradient, the weighted gradient added into the
+                    row's gradient), head by head as the backward runs. ``ort_custom`` / ``torch_op`` against
+                    ``roofline`` is the share of the bound reached (docs/architecture.md).
 
 The report's notes give the forward's rate of gathered value bytes against the triad's memory bandwidth.
 """
@@ -12,20 +20,26 @@ The report's notes give the forward's rate of gathered value bytes against the t
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import warnings
 from functools import partial
 
+import numpy as np
 import torch
 
 import opbridge
 
-from . import Bench, Row, Target, check_close, checked_run, ort_session
+from . import Bench, Row, Target, _openvino, check_close, checked_run, ort_session
 from .my_add import triad_bandwidth
 
 TARGETS = [
+    Target("ort_custom", "roofline", 0.5),
+    Target("torch_op", "roofline", 0.5),
+    Target("torch_backward", "roofline_backward", 0.35),
     Target("ort_custom", "ort_standard", 10.0),
-    Target("torch_op", "torch_reference", 5.0),
+    Target("ort_custom", "openvino_standard", 1.0),
+    Target("torch_op", "torch_reference", 15.0),
     Target("torch_backward", "torch_reference_backward", 3.0),
 ]
 
@@ -66,6 +80,8 @@ def run(bench: Bench) -> None:
             for path, model in models.items():
                 session = ort_session(model, threads, path == "ort_custom")
                 record(threads, path, checked_run(path, session, feeds, want, 1e-4, 1e-4))
+            _openvino.record_paths(record, threads, models["ort_standard"], feeds, want, 1e-4, 1e-4)
+            roofline_paths(bench, record, threads, inputs, want, grad.numpy())
             record(threads, "torch_op", partial(opbridge.ms_deform_attn, *inputs))
             record(threads, "torch_reference", partial(reference, *inputs))
             ours, theirs = backward_of(opbridge.ms_deform_attn), backward_of(reference)
@@ -96,6 +112,86 @@ def encoder_inputs(levels) -> tuple[torch.Tensor, ...]:
     return value, shapes, starts, locations.contiguous(), weights.view(1, count, HEADS, len(levels), -1)
 
 
+def corner_table(inputs, head_major: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per (query, head) group, the value rows (key * M + m) of every sample's four bilinear corners and their
+    weights (attention weight times bilinear weight), in numpy from the definition; a corner off the map reads row
+    0 with weight 0. Groups query-major (the forward's order) or head-major (the backward's)."""
+    value, shapes, starts, locations, weights = (t.numpy() for t in inputs)
+    heads = value.shape[2]
+    rows, taps = [], []
+    for level, (height, width) in enumerate(shapes.tolist()):
+        x = locations[0, :, :, level, :, 0].astype(np.float64) * width - 0.5  # [Lq, M, P]
+        y = locations[0, :, :, level, :, 1].astype(np.float64) * height - 0.5
+        x0, y0 = np.floor(x), np.floor(y)
+        a = weights[0, :, :, level, :].astype(np.float64)
+        for dy in (0, 1):
+            for dx in (0, 1):
+                xx, yy = x0 + dx, y0 + dy
+                inside = (xx >= 0) & (xx < width) & (yy >= 0) & (yy < height)
+                bilinear = (1 - np.abs(x - xx)) * (1 - np.abs(y - yy))
+                key = starts[level] + np.where(inside, yy * width + xx, 0).astype(np.int64)
+                head = np.arange(heads)[None, :, None]
+                rows.append(np.where(inside, key * heads + head, 0))
+                taps.append(np.where(inside, a * bilinear, 0.0))
+    row = np.stack(rows, -1).reshape(locations.shape[1], heads, -1)  # [Lq, M, taps]
+    weight = np.stack(taps, -1).reshape(row.shape)
+    if head_major:
+        row, weight = row.transpose(1, 0, 2), weight.transpose(1, 0, 2)
+    return np.ascontiguousarray(row, np.int32), np.ascontiguousarray(weight, np.float32)
+
+
+def roofline_paths(bench: Bench, record, threads: int, inputs, want: np.ndarray, grad_out: np.ndarray) -> None:
+    """Times the forward's and the backward's roofline (cpp/bench/gather_roofline.cpp), each checked first: the
+    forward against the op's output, the backward's gradient of value against torch's autograd of the reference."""
+    helpers = bench.helpers
+    if helpers is None:
+        for path in ("roofline", "roofline_backward"):
+            record(threads, path, None, "n/a: no --triad-library (libopbridge_bench)")
+        return
+    for name in ("opbridge_bench_gather_forward", "opbridge_bench_gather_backward"):
+        getattr(helpers, name).restype = ctypes.c_int
+    value = inputs[0].numpy()
+    _, keys, heads, channels = value.shape
+    queries = inputs[3].shape[1]
+    rows, weights = corner_table(inputs, head_major=False)
+    groups, taps = queries * heads, rows.shape[-1]
+    out = np.empty((queries, heads, channels), np.float32)
+
+    def forward():
+        status = helpers.opbridge_bench_gather_forward(
+            ctypes.c_void_p(value.ctypes.data), ctypes.c_void_p(rows.ctypes.data),
+            ctypes.c_void_p(weights.ctypes.data), ctypes.c_int64(groups), ctypes.c_int64(taps),
+            ctypes.c_int64(channels), ctypes.c_void_p(out.ctypes.data), ctypes.c_int(threads),
+        )  # fmt: skip
+        if status:
+            raise RuntimeError("roofline: channels must be 32 or 64")
+
+    forward()
+    check_close("roofline", out.reshape(want.shape), want, 1e-4, 1e-4)
+    record(threads, "roofline", forward, "gathers and multiply-adds alone, from a table")
+    rows_b, weights_b = corner_table(inputs, head_major=True)
+    grad = np.ascontiguousarray(grad_out.reshape(queries, heads, channels).transpose(1, 0, 2))
+    grad_value = np.zeros((keys, heads, channels), np.float32)
+    dots = np.empty(rows_b.shape, np.float32)
+
+    def backward():
+        grad_value.fill(0.0)
+        helpers.opbridge_bench_gather_backward(
+            ctypes.c_void_p(value.ctypes.data), ctypes.c_void_p(rows_b.ctypes.data),
+            ctypes.c_void_p(weights_b.ctypes.data), ctypes.c_void_p(grad.ctypes.data), ctypes.c_int64(groups),
+            ctypes.c_int64(taps), ctypes.c_int64(channels), ctypes.c_int64(heads),
+            ctypes.c_void_p(grad_value.ctypes.data), ctypes.c_void_p(dots.ctypes.data), ctypes.c_int(threads),
+        )  # fmt: skip
+
+    backward()
+    leaf = inputs[0].detach().clone().requires_grad_(True)
+    from ...ops.ms_deform_attn import reference
+
+    (expected,) = torch.autograd.grad(reference(leaf, *inputs[1:]), leaf, torch.from_numpy(grad_out))
+    check_close("roofline_backward", grad_value, expected[0].numpy(), 1e-3, 1e-4 * float(expected.abs().max()))
+    record(threads, "roofline_backward", backward, "gathers, dots and scatters alone, from a table")
+
+
 def gathered_bytes(levels) -> int:
     """Bytes of value one forward reads per query: heads x levels x points x 4 corners x channels x 4 bytes."""
     return HEADS * len(levels) * POINTS * 4 * CHANNELS * 4
@@ -113,4 +209,4 @@ def notes(rows: list[Row]) -> list[str]:
         triad_rate = bandwidth.get(r.threads)
         versus = f" (triad: {triad_rate:.1f} GB/s)" if triad_rate else ""
         found.append(f"{r.case}, {r.threads}t, {r.path}: {rate:.1f} GB/s of value gathered{versus}")
-    return found
+    return found + _openvino.notes("ms_deform_attn", rows)
