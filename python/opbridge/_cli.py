@@ -51,6 +51,11 @@ def parity_parser() -> argparse.ArgumentParser:
         help="representative opsets only (legacy: 9, 13, 17 and its newest; dynamo: 18 and its newest)",
     )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    parser.add_argument(
+        "--no-share", action="store_true",
+        help="run every cell on its own: no inputs, captured programs or decompositions shared within a group "
+        "(slower; for checking that sharing changes no result)",
+    )  # fmt: skip
     parser.add_argument("--json", help="write the results to this JSON file")
     return parser
 

@@ -13,20 +13,28 @@ exception: the TorchScript-based exporter's ``function`` lowering, whose
 functions only :func:`opbridge.onnx.export` can attach). Cells run in worker
 processes, grouped by (op, call path, exporter, dtype) so that what an export
 builds once per process (torch's ONNX registry per opset, the decomposition
-tables) is shared by many cells; the largest groups start first.
+tables) is shared by many cells; the largest groups start first. Within a group
+the cells share what is the same for all of them (:class:`Shared`): the inputs,
+PyTorch's outputs and, for the dynamo exporter, the captured and decomposed
+program; each cell still translates at its opset under its lowering, optimizes,
+and runs in ONNX Runtime, and fails on its own. ``--no-share`` runs every cell
+on its own; the JSON report's ``seconds`` of each case say where the time went
+(see PHASES).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import functools
 import io
 import json
 import os
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,6 +89,8 @@ class SubResult:
     passed: bool
     max_error: float | None
     detail: str = ""
+    #: phase (see PHASES) -> seconds
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -144,6 +154,12 @@ def cells(
     return result
 
 
+def _batch_kinds(exporter: str) -> tuple[str, ...]:
+    """The batch kinds a cell of ``exporter`` runs: the dynamo exporter keeps symbolic sizes, so its dynamic batch
+    is the same test as ``unknown``."""
+    return tuple(batch for batch in BATCH_KINDS if batch != "unknown" or exporter == "legacy")
+
+
 def _batch_dims(small: Sequence[torch.Tensor], large: Sequence[torch.Tensor]) -> list[list[int]]:
     """Per tensor, the dims whose size follows the batch (found by comparing two batch sizes)."""
     return [[d for d in range(t.dim()) if t.shape[d] != u.shape[d]] for t, u in zip(small, large, strict=True)]
@@ -153,11 +169,20 @@ def _as_tuple(output) -> tuple[torch.Tensor, ...]:
     return tuple(output) if isinstance(output, (tuple, list)) else (output,)
 
 
-def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> SubResult:
-    import onnxruntime
+@dataclass
+class _Case:
+    """What every cell of a group exports and checks for one operand kind and batch kind."""
 
-    import opbridge_ort
+    module: torch.nn.Module
+    export_inputs: tuple[torch.Tensor, ...]
+    run_inputs: tuple[torch.Tensor, ...]
+    expected: tuple[torch.Tensor, ...]
+    input_names: list[str]
+    #: torch.onnx.export's keyword arguments: input and output names, the batch kind's dynamic axes or shapes
+    kwargs: dict
 
+
+def _case(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> _Case:
     dtype = next(d for d in spec.dtypes if _DTYPE_NAMES[d] == cell.dtype)
     module = spec.module(cell.path, operands)
     if dtype.is_floating_point:
@@ -188,10 +213,102 @@ def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> Su
         else:
             names = input_names + output_names
             kwargs["dynamic_axes"] = {n: {d: "batch" for d in ds} for n, ds in zip(names, dims, strict=True) if ds}
-    with warnings.catch_warnings():
+    return _Case(module, export_inputs, run_inputs, expected, input_names, kwargs)
+
+
+class Shared:
+    """What the cells of a group (op, call path, exporter, dtype) have in common, computed by the first cell that
+    needs it and reused by the others; :func:`run_group` keeps one per group.
+
+    * Per operand kind and batch kind: the module, its inputs and PyTorch's outputs.
+    * For the dynamo exporter, per operand kind and batch kind: the program that ``torch.export`` captured from the
+      module (the exporter's first step, which does not consult the lowering) and its decompositions, one per set
+      of ops that the exporter's registry has ONNX rules for (see :func:`_sharing_decompositions`).
+
+    Only what succeeded is kept, so a subcase that fails there fails again, with its own error, in every cell.
+    """
+
+    def __init__(self) -> None:
+        self.cases: dict[tuple, _Case] = {}
+        #: subcase key -> a program captured from its module, decomposed once (in its own export) and never again
+        self.programs: dict[tuple, torch.export.ExportedProgram] = {}
+        #: (subcase key, torch's state) -> [(ops with rules, the decomposition of the subcase's program, its ops)]
+        self.decomposed: dict[tuple, list[tuple[frozenset, torch.export.ExportedProgram, frozenset]]] = {}
+
+    def case(self, spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> _Case:
+        key = _subcase_key(cell, operands, batch)
+        if key not in self.cases:
+            self.cases[key] = _case(spec, cell, operands, batch)
+        return self.cases[key]
+
+    def decomposition(self, key: tuple, ops: frozenset) -> torch.export.ExportedProgram | None:
+        """The subcase's program decomposed for a registry with rules for ``ops``, if made already: for exactly
+        those ops, or for more ops none of which occurs in it. (Decomposing keeps whole the ops that have a rule
+        and breaks the others down: a rule for an op that never occurs changes nothing.)"""
+        for other_ops, decomposed, contained in self.decomposed.get((key, _torch_state()), ()):
+            if other_ops == ops or (ops < other_ops and not (other_ops - ops) & contained):
+                return decomposed
+        return None
+
+
+def _torch_state() -> tuple[int, int]:
+    """New decompositions, or op libraries loaded since, change what a decomposition gives (as in _torch_hooks)."""
+    return len(torch._decomp.decomposition_table), len(torch.ops.loaded_libraries)
+
+
+def _subcase_key(cell: Cell, operands: str, batch: str) -> tuple:
+    return cell.op, cell.path, cell.exporter, cell.dtype, operands, batch
+
+
+#: What the time of a subcase is spent on, in the JSON report's ``seconds`` of each case. ``decompose``: the dynamo
+#: exporter's decomposition of the captured program, where this subcase computed it (see _sharing_decompositions);
+#: ``export``: the rest of the export (capture, translation, opset conversion, optimization, serialization).
+PHASES = ("inputs", "export", "decompose", "session", "run", "compare")
+
+
+class _Clock:
+    """Adds the seconds spent in each ``with clock(phase):`` block to ``seconds``; a block inside another counts for
+    itself only (the export's decomposition is not export time too)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._open: list[str] = []
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        self._open.append(phase)
+        try:
+            yield
+        finally:
+            self._open.pop()
+            elapsed = time.perf_counter() - start
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + elapsed
+            if self._open:
+                self.seconds[self._open[-1]] = self.seconds.get(self._open[-1], 0.0) - elapsed
+
+
+def run_subcase(
+    spec: specs.OpSpec, cell: Cell, operands: str, batch: str, shared: Shared | None = None, clock: _Clock | None = None
+) -> SubResult:
+    import onnxruntime
+
+    import opbridge_ort
+
+    shared = shared if shared is not None else Shared()
+    clock = clock if clock is not None else _Clock()
+    with clock("inputs"):
+        case = shared.case(spec, cell, operands, batch)
+        # Copies: whatever an exporter does to the tensors it is given stays in this cell.
+        export_inputs = tuple(t.clone() for t in case.export_inputs)
+        run_inputs = tuple(t.clone() for t in case.run_inputs)
+    with warnings.catch_warnings(), clock("export"):
         # The exporters' advice (deprecations, axis naming) is not a parity failure.
         warnings.simplefilter("ignore")
-        model = _export(module, export_inputs, cell, kwargs)
+        if cell.exporter == "dynamo":
+            model = _export_dynamo(shared, _subcase_key(cell, operands, batch), case, export_inputs, cell, clock)
+        else:
+            model = _export(case.module, export_inputs, cell, dict(case.kwargs))
     custom_nodes = [n.op_type for n in model.graph.node if n.domain == specs.CUSTOM_DOMAIN]
     function_nodes = [n.op_type for n in model.graph.node if n.domain == specs.FUNCTION_DOMAIN]
     if cell.lowering != "custom" and custom_nodes:
@@ -200,15 +317,25 @@ def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> Su
         return SubResult(operands, batch, False, None, "custom lowering emitted no opbridge node")
     if cell.lowering == "function" and not (function_nodes and model.functions):
         return SubResult(operands, batch, False, None, "function lowering emitted no function call")
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1
-    if cell.lowering != "custom":
-        # Standard and function lowerings must run without opbridge's library: prove it.
-        session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    else:
-        session = opbridge_ort.InferenceSession(model, options)
-    feeds = {name: t.numpy() for name, t in zip(input_names, run_inputs, strict=True)}
-    got = session.run(None, feeds)
+    with clock("session"):
+        options = onnxruntime.SessionOptions()  # ORT's defaults, graph optimizations included, as users get them
+        options.intra_op_num_threads = 1
+        if cell.lowering != "custom":
+            # Standard and function lowerings must run without opbridge's library: prove it.
+            session = onnxruntime.InferenceSession(
+                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+            )
+        else:
+            session = opbridge_ort.InferenceSession(model, options)
+    with clock("run"):
+        feeds = {name: t.numpy() for name, t in zip(case.input_names, run_inputs, strict=True)}
+        got = session.run(None, feeds)
+    with clock("compare"):
+        return _compare(got, case.expected, spec, cell, operands, batch)
+
+
+def _compare(got: Sequence[np.ndarray], expected: Sequence[torch.Tensor], spec: specs.OpSpec, cell: Cell,
+             operands: str, batch: str) -> SubResult:  # fmt: skip
     rtol, atol = spec.tolerances.get(cell.dtype, _TOLERANCES[cell.dtype])
     max_error = 0.0
     for ort_out, torch_out in zip(got, expected, strict=True):
@@ -228,38 +355,130 @@ def run_subcase(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> Su
     return SubResult(operands, batch, True, max_error)
 
 
-def _export(module: torch.nn.Module, inputs: tuple, cell: Cell, kwargs: dict):
-    """The cell's model as a user exports it: plain torch.onnx.export under opbridge.onnx.lowering."""
+def _export_dynamo(shared: Shared, key: tuple, case: _Case, inputs: tuple, cell: Cell, clock: _Clock):
+    """The dynamo export of subcase ``key`` in ``cell``: of the program captured in an earlier cell if there is one
+    (torch.onnx.export takes an ExportedProgram for a module), else of the module; see _sharing_decompositions."""
+    program = shared.programs.get(key)
+    try:
+        with _sharing_decompositions(shared, key, clock):
+            return _export(program if program is not None else case.module, inputs, cell, dict(case.kwargs))
+    except Exception as error:
+        if not any(isinstance(e, _FreshCaptureNeeded) for e in _causes(error)):
+            raise
+    with _sharing_decompositions(shared, key, clock):
+        return _export(case.module, inputs, cell, dict(case.kwargs))
+
+
+class _FreshCaptureNeeded(Exception):
+    """The export needs a decomposition not made yet, of a program decomposed already: it starts again from the
+    module."""
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """The error and those it was raised from (the exporter wraps what fails inside it)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+@contextlib.contextmanager
+def _sharing_decompositions(shared: Shared, key: tuple, clock: _Clock) -> Iterator[None]:
+    """While a dynamo export of subcase ``key`` runs: decomposes its captured program once per set of ops with ONNX
+    rules, and hands that decomposition to every later export of the subcase with the same set.
+
+    The exporter decomposes the captured program (``run_decompositions``: ~0.2 s even for a one-node graph, mostly
+    spent on torch's decomposition tables) into the ops its registry has rules for, which it keeps whole; then it
+    translates (consulting the rules of the cell's lowering and opset), converts the opset and optimizes, which
+    every cell still does for itself. The decomposition depends on the program and that set of ops alone, and the
+    set is the same across the lowerings and most opsets of a group (a lowering changes which rule an op has, not
+    whether it has one; torch's set grows at opset 23): it is the work that is the same across cells. Translation
+    only reads the decomposed program. A program is never decomposed twice: that is not reliable (with
+    data-dependent sizes, as nms_rotated's, a second decomposition can fail), so an export that needs a new
+    decomposition of a program decomposed already stops (_FreshCaptureNeeded) and starts again from the module.
+
+    The hook is private (``torch.onnx._internal.exporter._core``); on a torch without it every cell decomposes for
+    itself, which is slower and the same (as ``parity --no-share`` does anyway).
+    """
+    try:
+        from torch.onnx._internal.exporter import _core, _decomp
+
+        prepare = _core._prepare_exported_program_for_export
+        implemented_ops = _decomp.get_onnx_implemented_overloads
+    except (ImportError, AttributeError):
+        yield
+        return
+
+    @functools.wraps(prepare)
+    def prepare_once(exported_program, *args, **kwargs):
+        registry = kwargs.get("registry", args[0] if args else None)
+        if registry is None:
+            return prepare(exported_program, *args, **kwargs)
+        ops = frozenset(implemented_ops(registry))
+        decomposed = shared.decomposition(key, ops)
+        if decomposed is not None:
+            return decomposed
+        if exported_program is shared.programs.get(key):
+            raise _FreshCaptureNeeded
+        with clock("decompose"):
+            decomposed = prepare(exported_program, *args, **kwargs)  # a new program: the captured one stays as it is
+        shared.programs[key] = exported_program
+        shared.decomposed.setdefault((key, _torch_state()), []).append((ops, decomposed, _targets(decomposed)))
+        return decomposed
+
+    _core._prepare_exported_program_for_export = prepare_once
+    try:
+        yield
+    finally:
+        _core._prepare_exported_program_for_export = prepare
+
+
+def _targets(program: torch.export.ExportedProgram) -> frozenset:
+    """The ops that the program's graphs (its subgraphs included) call."""
+    return frozenset(
+        node.target
+        for graph_module in program.graph_module.modules()
+        if isinstance(graph_module, torch.fx.GraphModule)
+        for node in graph_module.graph.nodes
+        if node.op == "call_function"
+    )
+
+
+def _export(model: torch.nn.Module | torch.export.ExportedProgram, inputs: tuple, cell: Cell, kwargs: dict):
+    """The cell's model as a user exports it: plain torch.onnx.export under opbridge.onnx.lowering. ``model`` is
+    the module, or (dynamo) the program torch.export captured from it in an earlier cell."""
     import onnx
 
     from .. import onnx as opbridge_onnx
 
     if cell.exporter == "legacy" and cell.lowering == "function":
-        return opbridge_onnx.export(module, inputs, None, opset_version=cell.opset, dynamo=False, lowering="function",
+        return opbridge_onnx.export(model, inputs, None, opset_version=cell.opset, dynamo=False, lowering="function",
                                     **kwargs)  # fmt: skip
     with opbridge_onnx.lowering(cell.lowering):
         if cell.exporter == "dynamo":
-            return torch.onnx.export(module, inputs, dynamo=True, opset_version=cell.opset, **kwargs).model_proto
+            return torch.onnx.export(model, inputs, dynamo=True, opset_version=cell.opset, **kwargs).model_proto
         buffer = io.BytesIO()
-        torch.onnx.export(module, inputs, buffer, dynamo=False, opset_version=cell.opset, **kwargs)
+        torch.onnx.export(model, inputs, buffer, dynamo=False, opset_version=cell.opset, **kwargs)
         return onnx.load_from_string(buffer.getvalue())
 
 
-def run_cell(cell: Cell) -> CellResult:
+def run_cell(cell: Cell, shared: Shared | None = None) -> CellResult:
+    """Runs one cell; ``shared`` carries what the cells of its group computed before (see :class:`Shared`)."""
     spec = specs.get(cell.op)
+    shared = shared if shared is not None else Shared()
     start = time.perf_counter()
     subresults = []
     for operands in spec.operand_kinds:
-        for batch in BATCH_KINDS:
-            if batch == "unknown" and cell.exporter != "legacy":
-                continue  # the dynamo exporter keeps symbolic sizes: its dynamic batch is the same test
+        for batch in _batch_kinds(cell.exporter):
+            clock = _Clock()
             try:
-                subresults.append(run_subcase(spec, cell, operands, batch))
+                subresult = run_subcase(spec, cell, operands, batch, shared, clock)
             except Exception as error:  # a failed export or run is a failed cell, with its reason
                 first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-                subresults.append(
-                    SubResult(operands, batch, False, None, f"{type(error).__name__}: {first_line[:1000]}")
-                )
+                subresult = SubResult(operands, batch, False, None, f"{type(error).__name__}: {first_line[:1000]}")
+            subresult.seconds = clock.seconds
+            subresults.append(subresult)
     errors = [s.max_error for s in subresults if s.max_error is not None]
     status = "pass" if all(s.passed for s in subresults) else "fail"
     reason = (spec.known_gaps(cell) if spec.known_gaps else None) or _environment_gap(subresults)
@@ -313,25 +532,52 @@ def _groups(selected: Sequence[Cell]) -> list[list[Cell]]:
     groups: dict[tuple, list[Cell]] = {}
     for cell in selected:
         groups.setdefault((cell.op, cell.path, cell.exporter, cell.dtype), []).append(cell)
-    return sorted(groups.values(), key=lambda cells: -sum(_cost(c) for c in cells))
+    return sorted(groups.values(), key=lambda cells: -_group_cost(cells))
+
+
+#: Relative times, measured (docs/architecture.md): a dynamo export+run case (translation, optimization, ORT
+#: session) ~3.5x a TorchScript-based one; decomposing a captured program, which the cells of a group share, ~14x.
+_DYNAMO_CASE_COST, _DECOMPOSITION_COST = 3.5, 14.0
 
 
 def _cost(cell: Cell) -> float:
-    """Relative time of a cell (measured: a dynamo export takes ~10x a TorchScript-based one)."""
-    return len(specs.get(cell.op).operand_kinds) * (10.0 if cell.exporter == "dynamo" else 1.0)
+    """Relative time of a cell's own export+run cases."""
+    cases = len(specs.get(cell.op).operand_kinds) * len(_batch_kinds(cell.exporter))
+    return cases * (_DYNAMO_CASE_COST if cell.exporter == "dynamo" else 1.0)
 
 
-def run_group(cells_of_group: Sequence[Cell]) -> list[CellResult]:
-    return [run_cell(cell) for cell in cells_of_group]
+def _group_cost(cells_of_group: Sequence[Cell]) -> float:
+    """Relative time of a group: its cells, and for the dynamo exporter one decomposition per captured program."""
+    cost = sum(_cost(cell) for cell in cells_of_group)
+    first = cells_of_group[0]
+    if first.exporter == "dynamo":
+        cost += _DECOMPOSITION_COST * len(specs.get(first.op).operand_kinds) * len(_batch_kinds("dynamo"))
+    return cost
+
+
+def run_group(cells_of_group: Sequence[Cell], share: bool = True) -> list[CellResult]:
+    """Runs a group's cells, sharing what they have in common (:class:`Shared`; ``share=False``: nothing, every
+    cell on its own); results in the group's order."""
+    if not share:
+        return [run_cell(cell) for cell in cells_of_group]
+    shared = Shared()  # one group's: dropped with it
+    # Newest opset first: torch's dynamo registry has rules for the most ops there, and a decomposition for more
+    # ops serves the older opsets too where the extra ops do not occur (Shared.decomposition).
+    order = sorted(range(len(cells_of_group)), key=lambda index: -cells_of_group[index].opset)
+    results = {index: run_cell(cells_of_group[index], shared) for index in order}
+    return [results[index] for index in range(len(cells_of_group))]
 
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
-def run(selected: Sequence[Cell], jobs: int = 1, stream=sys.stdout, progress=sys.stderr) -> list[CellResult]:
+def run(
+    selected: Sequence[Cell], jobs: int = 1, stream=sys.stdout, progress=sys.stderr, share: bool = True
+) -> list[CellResult]:
     """Runs the cells (in ``jobs`` processes), printing each row as it completes and, on ``progress``,
-    how many cells are done and an estimate of the time left."""
+    how many cells are done and an estimate of the time left. ``share=False``: every cell on its own, sharing
+    nothing with the others of its group (slower; the results are the same)."""
     widths = [max(len(COLUMNS[0]), 8), 17, 8, 8, 5, 7, 6, 9]
     print(_format_row(COLUMNS, widths), file=stream)
     print(_format_row(["-" * w for w in widths], widths), file=stream, flush=True)
@@ -363,13 +609,13 @@ def run(selected: Sequence[Cell], jobs: int = 1, stream=sys.stdout, progress=sys
     if jobs <= 1:
         _worker_init()
         for group in groups:
-            report(run_group(group))
+            report(run_group(group, share))
     else:
         import multiprocessing
 
         context = multiprocessing.get_context("spawn")  # fresh interpreters: no torch state shared by fork
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init) as pool:
-            futures = [pool.submit(run_group, group) for group in groups]
+            futures = [pool.submit(run_group, group, share) for group in groups]
             for future in concurrent.futures.as_completed(futures):
                 report(future.result())
     order = {cell: index for index, cell in enumerate(selected)}
@@ -389,6 +635,28 @@ def summary(results: Sequence[CellResult], seconds: float) -> str:
         f"{subcases} export+run cases) in {seconds:.0f} s, {rate:.2f} cells/s; "
         f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}"
     )
+
+
+def phases(results: Sequence[CellResult]) -> dict[str, dict[str, float]]:
+    """Seconds of cell time per exporter and phase (see PHASES), summed over the cases."""
+    totals: dict[str, dict[str, float]] = {}
+    for result in results:
+        exporter = totals.setdefault(result.cell.exporter, dict.fromkeys(PHASES, 0.0))
+        for case in result.subresults:
+            for phase, seconds in case.seconds.items():
+                exporter[phase] += seconds
+    return totals
+
+
+def phase_summary(results: Sequence[CellResult]) -> str:
+    """Where the cells' time went, per exporter: seconds per case, and the share of each phase."""
+    parts = []
+    for exporter, seconds in phases(results).items():
+        total = sum(seconds.values())
+        cases = sum(len(r.subresults) for r in results if r.cell.exporter == exporter)
+        shares = ", ".join(f"{phase} {100 * s / total:.0f}%" for phase, s in seconds.items() if total and s)
+        parts.append(f"{exporter} {total:.0f} s, {1000 * total / max(cases, 1):.0f} ms/case ({shares})")
+    return "parity: time in cells: " + "; ".join(parts)
 
 
 def environment() -> dict[str, str]:
@@ -413,7 +681,10 @@ def to_json(results: Sequence[CellResult]) -> list[dict]:
             "reason": r.reason,
             "max_error": r.max_error,
             "seconds": round(r.seconds, 3),
-            "cases": [dataclasses.asdict(s) for s in r.subresults],
+            "cases": [
+                {**dataclasses.asdict(s), "seconds": {k: round(v, 4) for k, v in s.seconds.items()}}
+                for s in r.subresults
+            ],
         }
         for r in results
     ]
@@ -443,7 +714,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"parity: {len(selected)} cells on {args.jobs} worker(s)", flush=True)
     start = time.perf_counter()
-    results = run(selected, args.jobs)
+    results = run(selected, args.jobs, share=not args.no_share)
     seconds = time.perf_counter() - start
     failures = [r for r in results if r.status == "fail"]
     if failures:
@@ -451,8 +722,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in failures:
             print("  " + "  ".join(_row(r)[:6]) + f": {r.detail}")
     print("\n" + summary(results, seconds))
+    print(phase_summary(results))
     if args.json:
-        document = {"summary": summary(results, seconds), "environment": environment(), "cells": to_json(results)}
+        document = {
+            "summary": summary(results, seconds),
+            "environment": environment(),
+            "phases": phases(results),
+            "cells": to_json(results),
+        }
         with open(args.json, "w") as stream:
             json.dump(document, stream, indent=1)
     return 1 if failures else 0

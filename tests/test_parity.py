@@ -1,0 +1,83 @@
+"""The parity matrix's sharing within a group of cells (opbridge.tools.parity.Shared): the same results and models
+as every cell on its own, with the dynamo exporter's decomposition done once per captured program."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import opbridge
+from opbridge import specs
+from opbridge.tools import parity
+
+NEWEST_DYNAMO_OPSET = max(opbridge.onnx.supported_opsets(dynamo=True))
+
+
+def _outcome(result: parity.CellResult) -> tuple:
+    cases = [(s.operands, s.batch, s.passed, s.max_error, s.detail) for s in result.subresults]
+    return result.cell, result.status, result.max_error, result.reason, cases
+
+
+@pytest.mark.parametrize("exporter", parity.EXPORTERS)
+def test_a_group_gives_what_its_cells_give_on_their_own(exporter):
+    opsets = [18, parity.matrix_opsets(exporter)[-1]]
+    selected = parity.cells(["my_add"], [exporter], ["standard", "custom"], opsets, ["float32"], ["torch.ops"])
+    assert len(selected) == 4, selected
+    grouped = parity.run_group(selected)
+    alone = parity.run_group(selected, share=False)
+    assert [_outcome(r) for r in grouped] == [_outcome(r) for r in alone]
+    assert all(r.status == "pass" for r in grouped), [r.detail for r in grouped]
+
+
+def test_the_dynamo_decomposition_is_done_once_per_captured_program():
+    """my_add's registry sets differ between opset 18 and the newest (torch adds rules at 23) but my_add's graph
+    uses none of the extra ops: the newest opset's decomposition serves every cell."""
+    selected = parity.cells(["my_add"], ["dynamo"], ["standard", "custom", "function"], [18, NEWEST_DYNAMO_OPSET],
+                            ["float32"], ["torch.ops"])  # fmt: skip
+    results = parity.run_group(selected)
+    assert all(r.status == "pass" for r in results), [r.detail for r in results]
+    programs = len(results[0].subresults)  # one per operand kind and batch kind
+    decompositions = sum("decompose" in case.seconds for r in results for case in r.subresults)
+    assert decompositions == programs, f"{decompositions} decompositions for {programs} captured programs"
+
+
+def test_a_shared_dynamo_export_is_byte_for_byte_the_export_of_the_module():
+    spec = specs.get("my_add")
+    shared = parity.Shared()
+    for lowering in ("standard", "custom", "function"):
+        for opset in (NEWEST_DYNAMO_OPSET, 18):
+            cell = parity.Cell("my_add", "torch.ops", "dynamo", lowering, opset, "float32")
+            for batch in ("static", "dynamic"):
+                case = shared.case(spec, cell, spec.operand_kinds[0], batch)
+                key = parity._subcase_key(cell, spec.operand_kinds[0], batch)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # the exporter's advice, as in the matrix
+                    model = parity._export_dynamo(shared, key, case, case.export_inputs, cell, parity._Clock())
+                    fresh = parity._export(case.module, case.export_inputs, cell, dict(case.kwargs))
+                assert model.SerializeToString() == fresh.SerializeToString(), (cell, batch)
+    assert len(shared.programs) == 2, "the static and the dynamic batch's programs, captured once each"
+
+
+def test_a_data_dependent_program_is_captured_again_for_a_new_decomposition():
+    """nms_rotated's output size depends on the data, and decomposing its captured program a second time fails in
+    torch: a cell that needs a decomposition for a new set of ops (opset 23's, after opset 22's) exports from the
+    module again."""
+    shared = parity.Shared()
+    results = [
+        parity.run_cell(parity.Cell("nms_rotated", "torch.ops", "dynamo", "custom", opset, "float32"), shared)
+        for opset in (22, 23)  # oldest first: the second cell's registry has rules for more ops
+    ]
+    assert [r.status for r in results] == ["pass", "pass"], [r.detail for r in results]
+    assert all("decompose" in case.seconds for case in results[1].subresults), "opset 23 reused opset 22's"
+
+
+def test_the_report_says_where_the_time_went():
+    results = parity.run_group(parity.cells(["my_add"], ["legacy"], ["standard"], [17], ["float32"], ["torch.ops"]))
+    case = results[0].subresults[0]
+    assert set(case.seconds) <= set(parity.PHASES) and {"inputs", "export", "session", "run"} <= set(case.seconds)
+    assert all(seconds >= 0 for seconds in case.seconds.values())
+    totals = parity.phases(results)["legacy"]
+    assert totals["export"] > 0 and "legacy" in parity.phase_summary(results)
+    document = parity.to_json(results)[0]["cases"][0]
+    assert set(document["seconds"]) == set(case.seconds)
