@@ -114,8 +114,9 @@ def encoder_inputs(levels) -> tuple[torch.Tensor, ...]:
 
 def corner_table(inputs, head_major: bool) -> tuple[np.ndarray, np.ndarray]:
     """Per (query, head) group, the value rows (key * M + m) of every sample's four bilinear corners and their
-    weights (attention weight times bilinear weight), in numpy from the definition; a corner off the map reads row
-    0 with weight 0. Groups query-major (the forward's order) or head-major (the backward's)."""
+    weights (attention weight times bilinear weight), in numpy from the definition; a corner off the map reads its
+    level's first row of the same head with weight 0 (a row of its own head: the backward's threads own disjoint
+    heads). Groups query-major (the forward's order) or head-major (the backward's)."""
     value, shapes, starts, locations, weights = (t.numpy() for t in inputs)
     heads = value.shape[2]
     rows, taps = [], []
@@ -131,7 +132,7 @@ def corner_table(inputs, head_major: bool) -> tuple[np.ndarray, np.ndarray]:
                 bilinear = (1 - np.abs(x - xx)) * (1 - np.abs(y - yy))
                 key = starts[level] + np.where(inside, yy * width + xx, 0).astype(np.int64)
                 head = np.arange(heads)[None, :, None]
-                rows.append(np.where(inside, key * heads + head, 0))
+                rows.append(key * heads + head)  # off the map: the level's first row of the same head
                 taps.append(np.where(inside, a * bilinear, 0.0))
     row = np.stack(rows, -1).reshape(locations.shape[1], heads, -1)  # [Lq, M, taps]
     weight = np.stack(taps, -1).reshape(row.shape)
