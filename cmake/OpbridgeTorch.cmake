@@ -6,8 +6,15 @@
 include_guard(GLOBAL)
 
 find_package(Python 3.9 REQUIRED COMPONENTS Interpreter Development.Module)
+# The interpreter whose torch the build is against: the target one, or OPBRIDGE_TORCH_PYTHON (environment) when
+# the target Python has no torch installed: the wheels of the other Pythons are built against the torch of one
+# environment (torch's headers and libraries do not depend on the Python; `nox -s wheels`).
+set(_torch_python "${Python_EXECUTABLE}")
+if(DEFINED ENV{OPBRIDGE_TORCH_PYTHON} AND NOT "$ENV{OPBRIDGE_TORCH_PYTHON}" STREQUAL "")
+  set(_torch_python "$ENV{OPBRIDGE_TORCH_PYTHON}")
+endif()
 execute_process(
-  COMMAND "${Python_EXECUTABLE}" -c [=[
+  COMMAND "${_torch_python}" -c [=[
 import torch, torch.utils.cpp_extension as ext
 print(torch.__version__)
 print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
@@ -19,7 +26,7 @@ print(",".join(ext.library_paths()))
   RESULT_VARIABLE _torch_result)
 if(NOT _torch_result EQUAL 0)
   message(FATAL_ERROR
-    "opbridge: cannot import torch with ${Python_EXECUTABLE}:\n${_torch_error}\n"
+    "opbridge: cannot import torch with ${_torch_python}:\n${_torch_error}\n"
     "Install torch into that environment first, then build without build isolation: "
     "pip install --no-build-isolation .   (or configure with -DOPBRIDGE_BUILD_TORCH=OFF for the ORT library alone)")
 endif()
@@ -57,7 +64,7 @@ if(OPBRIDGE_TORCH_LAYER STREQUAL "STABLE" AND OPBRIDGE_TORCH_VERSION VERSION_LES
   message(FATAL_ERROR "opbridge: the stable-ABI build needs torch >= ${OPBRIDGE_TORCH_STABLE_FLOOR} to build against, "
                       "found ${OPBRIDGE_TORCH_VERSION}; build CLASSIC for this torch (OPBRIDGE_TORCH_ABI=classic)")
 endif()
-message(STATUS "opbridge: building against torch ${OPBRIDGE_TORCH_VERSION} (${Python_EXECUTABLE}), "
+message(STATUS "opbridge: building against torch ${OPBRIDGE_TORCH_VERSION} (${_torch_python}), "
                "torch layer ${OPBRIDGE_TORCH_LAYER}")
 
 # The stable build needs only libtorch_cpu (the C shim); the classic one links what ATen, the dispatcher and

@@ -1,5 +1,6 @@
 """scikit-build-core metadata provider: the opbridge wheel's version and torch requirement, from the torch it is
-built against (builds run without isolation, so torch is imported from the build interpreter).
+built against (builds run without isolation, so torch is imported from the build interpreter, or from the
+interpreter named by the environment variable OPBRIDGE_TORCH_PYTHON).
 
 Two kinds of wheel come from the same sources (cpp/torch/api.h):
 
@@ -40,6 +41,14 @@ def release() -> str:
 
 
 def _torch_version() -> str:
+    other = os.environ.get("OPBRIDGE_TORCH_PYTHON")
+    if other:  # the torch of another environment (cmake/OpbridgeTorch.cmake reads the same variable)
+        import subprocess
+
+        code = "import torch; print(torch.__version__)"
+        return (
+            subprocess.run([other, "-c", code], check=True, capture_output=True, text=True).stdout.strip().split("+")[0]
+        )
     try:
         import torch
     except ImportError as error:

@@ -3,8 +3,8 @@ same machine, same run: `nox -s bench_layers`.
 
 The parent process alternates child processes, one per build and round (stable, classic, stable, classic, ...),
 so that drift of a shared machine falls on both; each child times every case (median of `--repeat` runs after
-warm-up) and prints JSON. The classic build is the installed package with its `_C` and `_build_info` swapped
-for the classic build's (`--classic-build`), staged in a directory put first on PYTHONPATH. `--before-build`
+warm-up) and prints JSON. The classic build is the installed package with its `_C`, ops library and `_build_info`
+swapped for the classic build's (`--classic-build`), staged in a directory put first on PYTHONPATH. `--before-build`
 adds a third: the torch ops of an earlier commit (what users had before the torch layer), staged the same way.
 
 Prints, per case and thread count, the median over rounds of each build's time and the ratios classic / stable
@@ -75,8 +75,10 @@ def stage(build: Path, directory: Path) -> Path:
 
     package = Path(opbridge.__file__).parent
     staged = directory / "opbridge"
-    shutil.copytree(package, staged, ignore=shutil.ignore_patterns("_C.*.so", "_build_info.py", "__pycache__"))
-    for built in [*build.glob("cpp/torch/_C.*.so"), build / "cpp" / "torch" / "_build_info.py"]:
+    ignored = shutil.ignore_patterns("_C.*.so", "libopbridge_ops.so", "_build_info.py", "__pycache__")
+    shutil.copytree(package, staged, ignore=ignored)
+    torch_dir = build / "cpp" / "torch"
+    for built in [*torch_dir.glob("_C.*.so"), torch_dir / "libopbridge_ops.so", torch_dir / "_build_info.py"]:
         shutil.copy2(built, staged / built.name)
     return directory
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 from opbridge.tools import compatibility
 
 
-def _report(torch: str, wheel: str | None, tests: dict | None = None) -> dict:
+def _report(torch: str, wheel: str | None, tests: dict | None = None, python: str = "3.11.7") -> dict:
     cell = {"op": "my_add", "exporter": "dynamo", "lowering": "custom", "opset": 18, "dtype": "float32",
             "status": "pass", "max_error": 0.0, "cases": [], "reason": ""}  # fmt: skip
-    report = {"environment": {"torch": torch, "onnxruntime": "1.31.1"}, "cells": [cell], "summary": "1 pass"}
+    environment = {"torch": torch, "onnxruntime": "1.31.1", "python": python}
+    report = {"environment": environment, "cells": [cell], "summary": "1 pass"}
     if tests:
         report["tests"] = {"files": ["test_packaging.py"], **tests}
     if wheel:
@@ -26,9 +27,10 @@ def test_each_run_names_its_wheel_and_each_wheel_its_runs():
         [_report("2.10.0", stable), _report("2.15.0+cu130", stable), _report("2.9.1", None)]
     )
     assert failures == 0
-    assert f"| torch 2.10.0 / ORT 1.31.1 | `{stable}` ({'ab' * 6}) |" in text
-    assert "| torch 2.9.1 / ORT 1.31.1 | not recorded |" in text
-    assert f"| `{stable}` | `{'ab' * 32}` | 2: torch 2.10.0 / ORT 1.31.1; torch 2.15.0 / ORT 1.31.1 |" in text
+    assert f"| torch 2.10.0 / ORT 1.31.1 / Python 3.11 | `{stable}` ({'ab' * 6}) |" in text
+    assert "| torch 2.9.1 / ORT 1.31.1 / Python 3.11 | not recorded |" in text
+    runs = "torch 2.10.0 / ORT 1.31.1 / Python 3.11; torch 2.15.0 / ORT 1.31.1 / Python 3.11"
+    assert f"| `{stable}` | `{'ab' * 32}` | 2: {runs} |" in text
 
 
 def test_tests_under_the_wheels_are_shown_and_a_failure_fails_the_report():
@@ -42,3 +44,21 @@ def test_tests_under_the_wheels_are_shown_and_a_failure_fails_the_report():
     text, failures = compatibility.render([passing, failing])
     assert failures == 1
     assert "**1 failed**, 39 passed, 2 skipped" in text
+
+
+def test_reports_of_separate_jobs_merge_into_one_table_with_a_column_per_python(tmp_path, capsys):
+    """The release workflow's last job: every matrix job's JSON report in one directory (as its artifacts are
+    downloaded), merged by the report's command line into one document; a run per Python, in version order."""
+    import json
+
+    for python in ("3.13.0", "3.10.13", "3.11.7"):
+        wheel = f"opbridge-0.1.0.210-cp3{python.split('.')[1]}-manylinux_2_17_x86_64.whl"
+        report = _report("2.14.1", wheel, {"passed": 40, "failed": 0, "skipped": 2}, python=python)
+        (tmp_path / f"py{python}-torch2.14.1-ortnewest.json").write_text(json.dumps(report))
+    out = tmp_path / "compatibility.md"
+    assert compatibility.main(["compatibility", str(tmp_path), str(out)]) == 0
+    text = out.read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| exporter |"))
+    columns = [f"torch 2.14.1 / ORT 1.31.1 / Python {p}" for p in ("3.10", "3.11", "3.13")]
+    assert header == "| exporter | lowering | opset | " + " | ".join(columns) + " |"
+    assert "cp313" in text and "3 runs" in capsys.readouterr().out

@@ -25,6 +25,7 @@ ROOT = Path(__file__).parent.parent
 BUILD_INFO = importlib.import_module("opbridge._build_info")
 PUBLIC = torch.__version__.split("+")[0]
 TORCH_RELEASE = tuple(int(p) for p in PUBLIC.split(".")[:2])
+OPS_LIBRARY = Path(BUILD_INFO.__file__).parent / BUILD_INFO.OPS_LIBRARY
 
 
 @pytest.fixture
@@ -219,13 +220,25 @@ def test_stable_build_uses_only_torchs_c_shim():
     """TORCH_STABLE_ONLY in effect: the module imports no C++ symbol of c10, ATen or torch (whose ABI changes with
     every release), links neither libc10, libtorch_python nor an OpenMP runtime, and reaches torch only through
     the C functions of the stable shim."""
-    library = Path(opbridge._C.__file__)
-    needed, undefined = _dynamic_symbols(library)
-    assert not [n for n in needed if n.startswith(("libc10", "libtorch_python", "libgomp", "libiomp"))], needed
-    cxx_torch = [s for s in undefined if s.startswith(("_ZN3c10", "_ZN2at", "_ZN5torch", "_ZNK3c10", "_ZNK2at"))]
-    assert not cxx_torch, f"C++ symbols of torch in the stable build: {cxx_torch[:10]}"
-    shim = {s.split("@")[0] for s in undefined if s.startswith(("aoti_torch_", "torch_"))}
+    shim = set()
+    for library in (Path(opbridge._C.__file__), OPS_LIBRARY):
+        needed, undefined = _dynamic_symbols(library)
+        assert not [n for n in needed if n.startswith(("libc10", "libtorch_python", "libgomp", "libiomp"))], needed
+        cxx_torch = [s for s in undefined if s.startswith(("_ZN3c10", "_ZN2at", "_ZN5torch", "_ZNK3c10", "_ZNK2at"))]
+        assert not cxx_torch, f"C++ symbols of torch in {library.name}: {cxx_torch[:10]}"
+        shim |= {s.split("@")[0] for s in undefined if s.startswith(("aoti_torch_", "torch_"))}
     assert {"torch_call_dispatcher", "torch_parallel_for"} <= shim
+
+
+@pytest.mark.skipif(not (shutil.which("readelf") and shutil.which("nm")), reason="needs binutils (readelf, nm)")
+def test_ops_library_has_no_python():
+    """libopbridge_ops.so (every op's registration) neither links libpython nor uses a symbol of the Python C API
+    or pybind11, so one file serves every Python; only opbridge._C is per Python. It is what torch loaded."""
+    needed, undefined = _dynamic_symbols(OPS_LIBRARY)
+    assert not [n for n in needed if n.startswith(("libpython", "libtorch_python"))], needed
+    python_api = [s for s in undefined if s.startswith(("Py", "_Py", "_ZN8pybind11"))]
+    assert not python_api, f"Python symbols in {OPS_LIBRARY.name}: {python_api[:10]}"
+    assert OPS_LIBRARY.resolve() in {Path(p).resolve() for p in torch.ops.loaded_libraries}
 
 
 def test_pybind_my_add_takes_and_returns_torch_tensors():

@@ -181,9 +181,10 @@ OPBRIDGE_HD inline void ms_deform_attn_sample_grads(const MSDeformAttnSample<T>&
 // multi-scale deformable attention's time goes").
 //
 // The vectors are GCC's generic vector types, lowered for the target of the function they are used in; the task
-// functions are cloned for x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and baseline x86-64 and chosen at run time
-// (target_clones, as deform_conv2d's loops). Every clone does the same operations in the same order (no fused
-// multiply-adds: see the build flags), so the results do not depend on the CPU.
+// functions are cloned for AVX-512F, AVX2 and baseline x86-64 and chosen at run time (target_clones, as
+// deform_conv2d's loops; by feature, not by x86-64-v3/v4 level, which GCC 11, the wheels' compiler, cannot dispatch
+// on). Every clone does the same operations in the same order (no fused multiply-adds: see the build flags), so the
+// results do not depend on the CPU.
 
 // The helpers below pass vectors by value only inlined, so the ABI of a vector argument never applies.
 #pragma GCC diagnostic push
@@ -389,10 +390,10 @@ template <class T, class I, int D>
 }
 
 // OPBRIDGE_NO_CPU_CLONES: one version, for the compiler's target (the kernel tests build each clone's code this way
-// with -march=x86-64-v3 / -v4 / none, so every clone's arithmetic is tested on a CPU that has the instructions).
+// with -mavx2 / -mavx512f / nothing, so every clone's arithmetic is tested on a CPU that has the instructions).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && \
     !defined(OPBRIDGE_NO_CPU_CLONES)
-#define OPBRIDGE_MSDA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define OPBRIDGE_MSDA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define OPBRIDGE_MSDA_CLONES
 #endif

@@ -6,23 +6,22 @@
 
 #include "kernels/broadcast.h"
 #include "kernels/device.h"
+#include "kernels/float16.h"
 
 namespace opbridge::kernels {
-
-#if defined(__FLT16_MAX__)
-// IEEE binary16 with compiler support; bit-compatible with at::Half and Ort::Float16_t.
-using float16 = _Float16;
-#define OPBRIDGE_HAS_FLOAT16 1
-#endif
 
 // Half precision computes in float and rounds once, like torch's opmath.
 template <class T>
 struct OpMath {
   using type = T;
 };
-#ifdef OPBRIDGE_HAS_FLOAT16
 template <>
-struct OpMath<float16> {
+struct OpMath<SoftFloat16> {
+  using type = float;
+};
+#if defined(__FLT16_MAX__)
+template <>
+struct OpMath<_Float16> {
   using type = float;
 };
 #endif

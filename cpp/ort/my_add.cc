@@ -12,12 +12,10 @@ template <class T>
 struct KernelType {
   using type = T;
 };
-#ifdef OPBRIDGE_HAS_FLOAT16
 template <>
 struct KernelType<Ort::Float16_t> {
   using type = kernels::float16;
 };
-#endif
 
 template <class T>
 Ort::Status MyAdd(OrtKernelContext* context, const Ort::Custom::Tensor<T>& a, const Ort::Custom::Tensor<T>& b,
@@ -42,9 +40,7 @@ Ort::Status MyAdd(OrtKernelContext* context, const Ort::Custom::Tensor<T>& a, co
 void append_my_add(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<float>)));
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<double>)));
-#ifdef OPBRIDGE_HAS_FLOAT16
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<Ort::Float16_t>)));
-#endif
 }
 
 }  // namespace

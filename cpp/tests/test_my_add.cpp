@@ -84,7 +84,6 @@ void test_errors() {
   expect(!status.ok() && status.message.find("too many elements") != std::string::npos, "overflow is reported");
 }
 
-#ifdef OPBRIDGE_HAS_FLOAT16
 void test_float16_rounds_once() {
   using opbridge::kernels::float16;
   // 2 * 1000 + 0.5 = 2000.5 rounds to 2000 in half precision (spacing 1 at 2048 > x >= 1024).
@@ -94,15 +93,12 @@ void test_float16_rounds_once() {
   opbridge::kernels::my_add(a, b, out, loop, ThreadedFor{});
   expect(static_cast<float>(out[0]) == 2000.0f, "float16 result");
 }
-#endif
 
 }  // namespace
 
 int main() {
   test_random_broadcasts();
   test_errors();
-#ifdef OPBRIDGE_HAS_FLOAT16
   test_float16_rounds_once();
-#endif
   return opbridge::testing::report("my_add kernel tests");
 }

@@ -1,11 +1,11 @@
 // opbridge::my_add(a, b) = 2 * a + b: the op's schema (the contract that its
 // fake kernel, autograd and export rules in python/opbridge/ops/my_add.py
-// follow), its CPU adapter of kernels/my_add.h, and its pybind11 binding.
+// follow) and its CPU adapter of kernels/my_add.h. Its pybind11 binding is
+// cpp/torch/python/my_add.cpp.
 #include "kernels/my_add.h"
 
 #include "torch/api.h"
 #include "torch/my_add.h"
-#include "torch/python.h"
 
 OPBRIDGE_LIBRARY_FRAGMENT(m) { m.def("my_add(Tensor a, Tensor b) -> Tensor"); }
 
@@ -60,13 +60,5 @@ Tensor my_add_cpu(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 OPBRIDGE_LIBRARY_IMPL_CPU(m) { OPBRIDGE_IMPL(m, "my_add", my_add_cpu); }
-
-OPBRIDGE_PYTHON_BINDING(my_add, module) {
-  module.def(
-      "my_add",
-      [](pybind11::handle a, pybind11::handle b) { return python::call_op("opbridge::my_add", {{"a", a}, {"b", b}}); },
-      pybind11::arg("a"), pybind11::arg("b"),
-      "my_add(a, b) -> Tensor\n\nReturns 2 * a + b (broadcasting; float32, float64 or float16; CPU).");
-}
 
 }  // namespace opbridge

@@ -1,4 +1,5 @@
-"""Loads opbridge._C, the compiled ops, with a clear error when it cannot work."""
+"""Loads the compiled ops (libopbridge_ops.so) and opbridge._C, their pybind11 module, with a clear error when they
+cannot work."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def load() -> ModuleType:
             f"compiled ops only load under the torch they were built for. Either install torch=="
             f"{_public(built_for)}, or rebuild opbridge for this torch: {REINSTALL}"
         )
+    _load_ops(build_info)
     try:
         module = importlib.import_module("opbridge._C")
     except ImportError as error:
@@ -61,6 +63,22 @@ def load() -> ModuleType:
         ) from error
     _load_cuda(build_info)
     return module
+
+
+def _load_ops(build_info: ModuleType) -> None:
+    """Registers the ops: libopbridge_ops.so beside _C (the same file for every Python), through torch's own
+    loader. Loading it twice is harmless (torch.ops.load_library keeps a loaded library's handle)."""
+    path = os.path.join(os.path.dirname(build_info.__file__), getattr(build_info, "OPS_LIBRARY", "libopbridge_ops.so"))
+    if not os.path.exists(path):
+        raise ImportError(f"opbridge's ops library {path} is missing from this installation. Reinstall it: {REINSTALL}")
+    try:
+        torch.ops.load_library(path)
+    except OSError as error:
+        raise ImportError(
+            f"opbridge's compiled ops ({path}, built for torch {build_info.TORCH_VERSION}, "
+            f"{getattr(build_info, 'TORCH_ABI', 'classic')} ABI) failed to load under torch {torch.__version__}: "
+            f"{error}. Rebuild them: {REINSTALL}"
+        ) from error
 
 
 #: The path of the CUDA ops' library once loaded (a CUDA build of torch and an opbridge built with nvcc), else None.

@@ -1,4 +1,5 @@
-// The pybind11 module opbridge._C collects the Python functions of every op: an op's file adds its own with
+// The pybind11 module opbridge._C collects the Python functions of the ops: an op's binding file
+// (cpp/torch/python/<op>.cpp, beside the op's cpp/torch/<op>.cpp, which stays free of Python) adds its own with
 //
 //   OPBRIDGE_PYTHON_BINDING(my_add, module) { module.def("my_add", ...); }
 //

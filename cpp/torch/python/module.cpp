@@ -2,7 +2,7 @@
 // (cpp/torch/<op>.cpp); the Python functions those files add with OPBRIDGE_PYTHON_BINDING are defined here.
 // python::call_op, the one place where Python tensors meet the registered ops, has an implementation per torch
 // layer (cpp/torch/api.h).
-#include "torch/python.h"
+#include "torch/python/python.h"
 
 #include <string>
 

@@ -1,0 +1,74 @@
+// IEEE binary16 for the CPU kernels: the compiler's _Float16 where it has one (GCC >= 12 on x86-64), else
+// SoftFloat16, a 16-bit value converted to and from float in software with the same results: round to nearest
+// even, subnormals, infinities, NaNs stay NaN. The wheels are built with an older GCC (the manylinux toolchain,
+// docs/packaging.md) whose x86-64 target has no _Float16; the ops then compute half precision exactly as before
+// (in float, rounded once) and link no libgcc helper of a newer GCC. Bit-compatible with at::Half and
+// Ort::Float16_t either way. OPBRIDGE_SOFT_FLOAT16 forces the software type (its tests, cpp/tests/test_float16.cpp).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/device.h"
+
+namespace opbridge::kernels {
+
+struct SoftFloat16 {
+  uint16_t bits = 0;
+
+  SoftFloat16() = default;
+  OPBRIDGE_HD explicit SoftFloat16(float value) : bits(from_float(value)) {}
+  OPBRIDGE_HD explicit operator float() const { return to_float(bits); }
+
+  // float -> binary16, round to nearest even.
+  OPBRIDGE_HD static uint16_t from_float(float value) {
+    uint32_t x;
+    std::memcpy(&x, &value, sizeof x);
+    const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+    uint32_t magnitude = x & 0x7fffffffu;
+    if (magnitude >= 0x7f800000u) {  // infinity, or NaN (kept quiet, with the payload's top bits)
+      return sign | (magnitude > 0x7f800000u ? uint16_t(0x7e00u | ((magnitude >> 13) & 0x3ffu)) : uint16_t(0x7c00u));
+    }
+    if (magnitude >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and above round to infinity
+    if (magnitude < 0x38800000u) {                        // below 2^-14: a subnormal or zero
+      // Adding 0.5 leaves the value's multiple of 2^-24 (the subnormal step), rounded to nearest even by the FPU,
+      // in the low mantissa bits.
+      float shifted;
+      std::memcpy(&shifted, &magnitude, sizeof shifted);
+      shifted += 0.5f;
+      uint32_t bits;
+      std::memcpy(&bits, &shifted, sizeof bits);
+      return sign | static_cast<uint16_t>(bits - 0x3f000000u);
+    }
+    // A normal number: rebias the exponent (127 -> 15), then round the 13 dropped bits to nearest even (a carry
+    // into the exponent is the right result, up to infinity).
+    const uint32_t odd = (magnitude >> 13) & 1u;
+    magnitude += 0xc8000fffu + odd;
+    return sign | static_cast<uint16_t>(magnitude >> 13);
+  }
+
+  OPBRIDGE_HD static float to_float(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    uint32_t x;
+    if (exponent == 0x1fu) {
+      x = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+      x = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    } else {  // zero or subnormal: mantissa * 2^-24, exact in float
+      const float value = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+      std::memcpy(&x, &value, sizeof x);
+      x |= sign;
+    }
+    float out;
+    std::memcpy(&out, &x, sizeof out);
+    return out;
+  }
+};
+
+#if defined(__FLT16_MAX__) && !defined(OPBRIDGE_SOFT_FLOAT16)
+using float16 = _Float16;
+#else
+using float16 = SoftFloat16;
+#endif
+
+}  // namespace opbridge::kernels

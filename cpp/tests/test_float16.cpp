@@ -1,0 +1,127 @@
+// SoftFloat16 (cpp/kernels/float16.h), the half type of builds whose compiler has no _Float16, against a reference
+// computed in double from the definition of binary16 (and against the compiler's _Float16 where it has one): every
+// one of the 65536 halves to float, and float to half for every float whose low 13 bits are 0, 1, 0xfff, 0x1000,
+// 0x1001 or 0x1fff (the rounding cases around each half and each tie) and 2^20 random floats.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "check.h"
+#include "kernels/float16.h"
+#include "kernels/my_add.h"
+
+namespace {
+
+using opbridge::kernels::SoftFloat16;
+using opbridge::testing::expect;
+
+float from_bits(uint32_t x) {
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
+
+// binary16 -> its value: sign, exponent bias 15, 10 mantissa bits, subnormals below 2^-14.
+double half_value(uint16_t h) {
+  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (exponent == 0x1f) return mantissa ? NAN : sign * INFINITY;
+  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
+  return sign * std::ldexp(1024 + mantissa, exponent - 25);
+}
+
+// The binary16 value nearest to v, ties to even, as a double (infinity at and above 65520).
+double nearest_half(float v) {
+  const double a = std::fabs(static_cast<double>(v));
+  if (a >= 65520.0) return std::copysign(INFINITY, v);
+  int exponent = std::ilogb(a == 0 ? 1.0 : a);
+  if (exponent < -14) exponent = -14;
+  const double step = std::ldexp(1.0, exponent - 10);
+  return std::copysign(std::nearbyint(a / step) * step, v);  // nearbyint: the default mode, to nearest even
+}
+
+bool same(double a, double b) {
+  return (std::isnan(a) && std::isnan(b)) || (a == b && std::signbit(a) == std::signbit(b));
+}
+
+void check_float(float v, int& failures) {
+  const uint16_t bits = SoftFloat16::from_float(v);
+  const double got = half_value(bits), want = std::isnan(v) ? NAN : nearest_half(v);
+  bool ok = same(got, want);
+#if defined(__FLT16_MAX__)
+  const _Float16 native = static_cast<_Float16>(v);
+  uint16_t native_bits;
+  std::memcpy(&native_bits, &native, sizeof native_bits);
+  ok = ok && (std::isnan(v) ? (native_bits & 0x7fff) > 0x7c00 : native_bits == bits);
+#endif
+  if (!ok && failures++ < 5) {
+    uint32_t x;
+    std::memcpy(&x, &v, sizeof x);
+    expect(false, "float bits " + std::to_string(x) + " -> half bits " + std::to_string(bits) + ", value " +
+                      std::to_string(got) + ", want " + std::to_string(want));
+  }
+}
+
+void test_every_half_to_float() {
+  int failures = 0;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float got = SoftFloat16::to_float(static_cast<uint16_t>(h));
+    bool ok = same(got, half_value(static_cast<uint16_t>(h)));
+    // A half read back and converted again is itself (NaNs stay NaN).
+    ok = ok && (std::isnan(got) ? (SoftFloat16::from_float(got) & 0x7fff) > 0x7c00 : SoftFloat16::from_float(got) == h);
+    if (!ok && failures++ < 5) expect(false, "half bits " + std::to_string(h));
+  }
+  expect(failures == 0, std::to_string(failures) + " halves converted wrongly");
+}
+
+void test_float_to_half_rounding() {
+  int failures = 0;
+  for (uint32_t high = 0; high < (uint32_t(1) << 19); ++high) {
+    for (const uint32_t low : {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu})
+      check_float(from_bits(high << 13 | low), failures);
+  }
+  std::mt19937 random(7);
+  for (int i = 0; i < (1 << 20); ++i) check_float(from_bits(static_cast<uint32_t>(random())), failures);
+  expect(failures == 0, std::to_string(failures) + " floats rounded wrongly");
+}
+
+void test_operators() {
+  // The type the kernels use: explicit conversions both ways, 2 bytes, default zero.
+  static_assert(sizeof(SoftFloat16) == 2, "SoftFloat16 is two bytes, like at::Half");
+  expect(static_cast<float>(SoftFloat16(2000.5f)) == 2000.0f, "2000.5 rounds to even (2000)");
+  expect(static_cast<float>(SoftFloat16(2051.0f)) == 2052.0f, "2051 ties to even (2052, spacing 2)");
+  expect(static_cast<float>(SoftFloat16(2049.0f)) == 2048.0f, "2049 ties to even (2048)");
+  expect(static_cast<float>(SoftFloat16{}) == 0.0f, "default is zero");
+}
+
+// A kernel computing in half precision gives the same bits on SoftFloat16 as on the reference (in float, rounded
+// once): my_add's 2 * a + b over random halves, broadcasting b.
+void test_kernel_on_soft_halves() {
+  std::mt19937 random(11);
+  std::uniform_real_distribution<float> uniform(-3000.0f, 3000.0f);
+  constexpr int kRows = 64, kCols = 33;
+  SoftFloat16 a[kRows * kCols], b[kCols], out[kRows * kCols];
+  for (auto& v : a) v = SoftFloat16(uniform(random));
+  for (auto& v : b) v = SoftFloat16(uniform(random));
+  const auto loop = opbridge::kernels::make_binary_loop({kRows, kCols}, {kCols, 1}, {0, 1});
+  opbridge::kernels::my_add(a, b, out, loop, opbridge::testing::ThreadedFor{});
+  int wrong = 0;
+  for (int i = 0; i < kRows * kCols; ++i) {
+    const float want =
+        static_cast<float>(nearest_half(2.0f * static_cast<float>(a[i]) + static_cast<float>(b[i % kCols])));
+    wrong += static_cast<float>(out[i]) != want;
+  }
+  expect(wrong == 0, std::to_string(wrong) + " of my_add's half outputs differ from 2a + b rounded once");
+}
+
+}  // namespace
+
+int main() {
+  test_kernel_on_soft_halves();
+  test_every_half_to_float();
+  test_float_to_half_rounding();
+  test_operators();
+  return opbridge::testing::report("float16 tests");
+}
