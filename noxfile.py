@@ -90,7 +90,8 @@ def _put_pythons_on_path() -> None:
     by default ~/.pyenv) is put on PATH for the sessions."""
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
     for version in PYTHONS:
-        if shutil.which(f"python{version}"):
+        found = shutil.which(f"python{version}")  # may be a pyenv shim of a version that is not selected
+        if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
             continue
         found = sorted(root.glob(f"versions/{version}.*/bin/python{version}"))
         if found:
@@ -436,7 +437,11 @@ def wheels(session: nox.Session, target: str) -> None:
         "pip", "wheel", "--no-build-isolation", "--no-deps", f"--config-settings=build-dir={build_dir}", *defines,
         "-w", str(raw_dir), str(ROOT), env=env,
     )  # fmt: skip
-    ops = build_dir / "cpp" / "torch" / "libopbridge_ops.so"
+    # The library as the first wheel carries it (installed: stripped), for every other Python's wheel.
+    (first,) = raw_dir.glob("*.whl")
+    ops = build_dir / "libopbridge_ops.so"
+    with zipfile.ZipFile(first) as archive:
+        ops.write_bytes(archive.read("opbridge/libopbridge_ops.so"))
     others = {**env, "OPBRIDGE_TORCH_PYTHON": str(Path(session.bin) / "python")}
     for python in PYTHONS[1:]:
         interpreter = _build_venv(session, python)

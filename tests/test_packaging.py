@@ -255,3 +255,36 @@ def test_pybind_my_add_takes_and_returns_torch_tensors():
         opbridge._C.my_add(a, 3)
     with pytest.raises(RuntimeError, match=r"a and b must have the same dtype, got a: torch.float64"):
         opbridge._C.my_add(a, b.float())
+
+
+def test_errors_thrown_in_the_libraries_reach_the_caller():
+    """An error raised inside the installed libraries (C++ exceptions; in a wheel libstdc++ is linked into each
+    library, its symbols hidden) reaches Python whole: the ops library's checks as torch's RuntimeError, and the
+    ORT library's as an error status of the session run naming the op and the input, never an abort."""
+    with pytest.raises(RuntimeError, match=r"opbridge::my_add: a of shape \[2\] and b of shape \[3\] cannot"):
+        torch.ops.opbridge.my_add(torch.ones(2), torch.ones(3))
+    value = torch.zeros(1, 4, 2, 8)
+    shapes, starts = torch.tensor([[2, 2]]), torch.tensor([0])
+    locations, weights = torch.zeros(1, 3, 2, 1, 1, 2), torch.ones(1, 3, 2, 1, 1)
+    with pytest.raises(RuntimeError, match=r"ms_deform_attn"):
+        torch.ops.opbridge.ms_deform_attn(value, shapes, starts, locations.double(), weights)
+    onnx = pytest.importorskip("onnx", reason="needs onnx to write the ORT model")
+    ort = pytest.importorskip("onnxruntime", reason="needs onnxruntime")
+    import numpy as np
+
+    import opbridge_ort
+
+    helper, TensorProto = onnx.helper, onnx.TensorProto
+
+    node = helper.make_node("MyAdd", ["a", "b"], ["c"], domain="opbridge")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "ab"],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("opbridge", 1)])
+    model.ir_version = 8
+    session = ort.InferenceSession(model.SerializeToString(), opbridge_ort.session_options(),
+                                   providers=["CPUExecutionProvider"])  # fmt: skip
+    with pytest.raises(Exception, match=r"opbridge::MyAdd.*input A") as error:
+        session.run(None, {"a": np.ones((2, 3), np.float32), "b": np.ones((4,), np.float32)})
+    assert type(error.value).__module__.startswith("onnxruntime"), type(error.value)

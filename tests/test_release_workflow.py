@@ -11,10 +11,10 @@ import importlib.util
 import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from opbridge.tools import ci_matrix, repair_wheel
