@@ -3,7 +3,7 @@
     nox -s tests          build opbridge against the default torch and run the test suite (CI runs this)
     nox -s parity         the main job: the export/ORT parity matrix on the default versions
     nox -s ort_versions   the ORT library alone (no torch) against an old, a middle and the newest ORT
-    nox -s lint           ruff and clang-format
+    nox -s lint           ruff, clang-format, and the GitHub workflows (GitHub's schema; actionlint)
     nox -s bench          opbridge's kernels against their baselines (ORT's ops, OpenVINO, torch eager,
                           torchvision, the memory-bandwidth and GEMM bounds): docs/benchmarks.md
     nox -s bench_layers   the torch ops on the stable-ABI layer against the classic layer, same torch
@@ -13,11 +13,12 @@
                           opbridge: docs/models.md
     nox -s fuzz           10,000 hostile cases per op target (tests/fuzz.py); `-- --cases N --seed S`
     nox -s sanitize       both libraries under ASan + UBSan: kernel tests, fuzzer, concurrency, leak check
-    nox -t matrix         the release matrix: the stable-ABI wheel (torch >= 2.10), the classic wheels of
-                          older torches and the runtime wheel, manylinux-repaired (`wheels`); which wheel pip
-                          picks for each torch from a wheel directory and from a package index (`selection`);
-                          parity of the installed wheels across torch x ORT (`matrix`), the torch-free runtime
-                          wheel (`runtime`), then docs/compatibility.md (`report`)
+    nox -t matrix         the release matrix: the stable-ABI wheels (torch >= 2.10), the classic wheels of
+                          older torches, each for CPython 3.10-3.13, and the runtime wheel, built for
+                          manylinux_2_17 and audited (`wheels`, docs/packaging.md); which wheel pip picks for each
+                          torch and each Python from a wheel directory and from a package index (`selection`);
+                          parity of the installed wheels across Python x torch x ORT (`matrix`), the torch-free
+                          runtime wheel (`runtime`), then docs/compatibility.md (`report`)
 
 Sessions share helpers; versions are parameters. Each session keeps its own
 virtualenv and CMake build directory, so re-runs are incremental.
@@ -237,7 +238,8 @@ def bench_layers(session: nox.Session) -> None:
     """The torch ops built on the stable-ABI layer (what the wheel for torch >= 2.10 ships) against the same ops on
     the classic layer, same torch, alternating processes: docs/bench-layers.md, reports/bench-layers.json.
     `-- --before REF` also times the torch ops of an earlier commit (what users had before the torch layer, e.g.
-    32ed763), built from `git archive REF` against the same torch."""
+    32ed763), built from `git archive REF` against the same torch; `-- --wheel-toolchain` instead times the stable
+    layer built as the wheels are (ppbt's GCC 11 and the wheels' settings, docs/packaging.md)."""
     install_opbridge(session)
     classic = ROOT / "build" / "nox-bench-layers-classic"
     build_classic_layer(session, classic)
@@ -255,6 +257,23 @@ def bench_layers(session: nox.Session) -> None:
         before = source.parent / "build"
         build_classic_layer(session, before, source=source)
         arguments += ["--before-build", str(before), "--before-label", ref]
+    elif "--wheel-toolchain" in arguments:
+        # The stable layer as the wheels build it (ppbt's GCC 11, libstdc++ linked in, software float16), timed
+        # against this session's build of the same sources with the system compiler.
+        arguments.remove("--wheel-toolchain")
+        toolchain = _manylinux_toolchain(session)
+        wheel_build = ROOT / "build" / "nox-bench-layers-wheel-toolchain"
+        defines = [d.removeprefix("--config-settings=cmake.define.") for d in WHEEL_DEFINES]
+        session.run(
+            "cmake", "-S", str(ROOT), "-B", str(wheel_build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+            f"-DCMAKE_C_COMPILER={toolchain['CC']}", f"-DCMAKE_CXX_COMPILER={toolchain['CXX']}",
+            "-DOPBRIDGE_BUILD_ORT=OFF", "-DOPBRIDGE_BUILD_TESTS=OFF", "-DOPBRIDGE_TORCH_ABI=STABLE",
+            *(f"-D{d}" for d in defines), f"-DPython_EXECUTABLE={session.virtualenv.location}/bin/python",
+        )  # fmt: skip
+        session.run("cmake", "--build", str(wheel_build))
+        arguments += ["--before-build", str(wheel_build), "--before-label", "wheel toolchain", "--before-description",
+                      "the stable layer as the wheels build it (ppbt's GCC 11, libstdc++ linked in, software float16: "
+                      "`-- --wheel-toolchain`, docs/packaging.md)"]  # fmt: skip
     session.run("python", str(ROOT / "tests" / "bench_layers.py"), "--classic-build", str(classic),
                 "--json", str(ROOT / "reports" / "bench-layers.json"),
                 "--markdown", str(ROOT / "docs" / "bench-layers.md"), *arguments)  # fmt: skip

@@ -88,6 +88,7 @@ def main() -> int:
     parser.add_argument("--classic-build", type=Path, help="CMake build dir of the classic layer (parent mode)")
     parser.add_argument("--before-build", type=Path, help="CMake build dir of the torch ops of an earlier commit")
     parser.add_argument("--before-label", default="before", help="what --before-build is (e.g. the commit)")
+    parser.add_argument("--before-description", help="the report's words for --before-build (default: a commit)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--warmup", type=int, default=2)
@@ -173,7 +174,10 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
         return (f"- {label} / stable: geometric mean **{statistics.geometric_mean(ratios):.3f}** (range "
                 f"{min(ratios):.3f} .. {max(ratios):.3f} over {len(rows)} cases)")  # fmt: skip
 
-    compared = f", and the torch ops as commit `{before}` built them (`-- --before {before}`)" if before else ""
+    compared = ""
+    if before:
+        compared = ", and " + (args.before_description or f"the torch ops as commit `{before}` built them "
+                                                            f"(`-- --before {before}`)")  # fmt: skip
     lines = [
         "# The torch ops on the stable-ABI layer and on the classic layer",
         "",

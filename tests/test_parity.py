@@ -81,3 +81,18 @@ def test_the_report_says_where_the_time_went():
     assert totals["export"] > 0 and "legacy" in parity.phase_summary(results)
     document = parity.to_json(results)[0]["cases"][0]
     assert set(document["seconds"]) == set(case.seconds)
+
+
+def test_a_gap_of_one_ort_release_is_n_a_there_and_a_failure_elsewhere(monkeypatch):
+    """ORT 1.23's FusedMatMul without a float64 kernel is that release's gap (named, with the workaround); the same
+    message under another release stays a failure, and so does any other failure under 1.23."""
+    import onnxruntime
+
+    fused = "NotImplemented: Failed to find kernel for com.microsoft.FusedMatMul(1) (node:'/MatMul/Fusion/')"
+    subresults = [parity.SubResult("same", "static", False, None, fused)]
+    monkeypatch.setattr(onnxruntime, "__version__", "1.23.2")
+    assert "ONNX Runtime 1.23" in parity._environment_gap(subresults)
+    other = [*subresults, parity.SubResult("broadcast", "static", False, 0.5, "max error 0.5")]
+    assert parity._environment_gap(other) == ""
+    monkeypatch.setattr(onnxruntime, "__version__", "1.24.4")
+    assert parity._environment_gap(subresults) == ""

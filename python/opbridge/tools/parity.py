@@ -494,12 +494,25 @@ _ENVIRONMENT_GAPS = {
     "(e.g. ORT 1.16 reads IR <= 9; torch's dynamo exporter writes IR 10)",
     "ValidateOpsetForDomain": "this ONNX Runtime predates the model's opset (e.g. ORT 1.20 knows opsets <= 21)",
 }
+#: Gaps of one ONNX Runtime release line only (the fragment, the release prefix, the reason): elsewhere the same
+#: failure is a failure.
+_RELEASE_GAPS = [
+    ("Failed to find kernel for com.microsoft.FusedMatMul", "1.23.",
+     "ONNX Runtime 1.23 (the newest for Python 3.10) fuses Transpose + MatMul into com.microsoft.FusedMatMul, "
+     "which it has no float64 kernel for: the session fails at the default optimization level (ORT_ENABLE_BASIC, "
+     "or ORT 1.20 / >= 1.24, run the same model)"),
+]  # fmt: skip
 
 
 def _environment_gap(subresults: Sequence[SubResult]) -> str:
     failed = [s for s in subresults if not s.passed]
     for fragment, reason in _ENVIRONMENT_GAPS.items():
         if failed and all(fragment in s.detail for s in failed):
+            return reason
+    import onnxruntime
+
+    for fragment, release, reason in _RELEASE_GAPS:
+        if failed and onnxruntime.__version__.startswith(release) and all(fragment in s.detail for s in failed):
             return reason
     return ""
 
