@@ -515,10 +515,17 @@ def selection(session: nox.Session) -> None:
     report = Path(session.create_tmp()) / "pip-report.json"
     problems = []
     glibc = f"manylinux_{MANYLINUX_CEILING[0]}_{MANYLINUX_CEILING[1]}_x86_64"
+    # What pip accepts on such a system: that policy and every older one (pip does not expand a given --platform).
+    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(MANYLINUX_CEILING[1], 4, -1)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
     cases = [(torch, None) for torch in [*TORCH_MATRIX, UNSERVED_TORCH]] + [(TORCH, python) for python in PYTHONS]
     for torch, python in cases:
         expected = f"{release}.{_wheel_floor(torch)}" if torch in TORCH_MATRIX else None
-        target = ["--python-version", python, "--platform", glibc, "--only-binary=:all:"] if python else []
+        target = (
+            ["--python-version", python, *(f"--platform={p}" for p in platforms), "--only-binary=:all:"]
+            if python
+            else []
+        )
         for source in (["--find-links", str(DIST)], ["--extra-index-url", index.as_uri()]):
             command = [str(Path(session.bin) / "python"), "-m", "pip", "install", "--dry-run", "--ignore-installed",
                        "--quiet", "--report", str(report), *target, *source, "opbridge", f"torch=={torch}"]  # fmt: skip

@@ -18,6 +18,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from fnmatch import fnmatch
 from pathlib import Path
@@ -71,7 +72,12 @@ def main(argv: list[str]) -> int:
         print(f"repair_wheel: expected one repaired wheel for {raw.name} in {dest}, found {made}", file=sys.stderr)
         return 1
     wheel = made[0]
-    shown = subprocess.run(["auditwheel", "show", "--json", str(wheel)], check=True, capture_output=True, text=True)
+    # The wheel's own files only: with the default search path auditwheel would also read the symbol versions of
+    # system copies of excluded libraries (this machine's libgomp.so.1 needs glibc 2.34), which never load: the
+    # environment's torch provides its own.
+    with tempfile.TemporaryDirectory() as nowhere:
+        shown = subprocess.run(["auditwheel", "show", "--json", "--ldpaths", nowhere, str(wheel)], check=True,
+                               capture_output=True, text=True)  # fmt: skip
     audit = json.loads(shown.stdout)
     with zipfile.ZipFile(wheel) as archive:
         wrong = problems(audit, archive.namelist())
