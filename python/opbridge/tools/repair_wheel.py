@@ -24,9 +24,10 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 #: Never vendored: torch's libraries, ONNX Runtime's, OpenMP (the classic build's at::parallel_for must use the
-#: libgomp torch loads) and the OpenBLAS of the scipy-openblas32 wheel the runtime wheel depends on.
+#: libgomp torch loads: libgomp.so.1, or libgomp-<hash>.so.1 in torch 2.6) and the OpenBLAS of the
+#: scipy-openblas32 wheel the runtime wheel depends on.
 EXCLUDES = ["libtorch.so", "libtorch_cpu.so", "libtorch_python.so", "libc10.so", "libonnxruntime.so*", "libgomp.so.1",
-            "libscipy_openblas*.so"]  # fmt: skip
+            "libgomp-*.so.1", "libscipy_openblas*.so"]  # fmt: skip
 #: The newest manylinux policy a wheel may need (glibc major, minor).
 CEILING = (2, 28)
 
