@@ -581,12 +581,12 @@ def matrix(session: nox.Session, torch: str, onnxruntime: str) -> None:
     ).strip()  # fmt: skip
     if not chosen.endswith(f".{floor}"):
         session.error(f"pip installed opbridge {chosen} under torch {torch}; expected the wheel {wheel.name}")
+    # A rebuilt wheel keeps its version: reinstall the very files this run reports.
+    session.install("--force-reinstall", "--no-deps", str(wheel), str(runtime_wheel))
     code = "import opbridge, pathlib; print(*pathlib.Path(opbridge.__file__).parent.glob('_C.*.so'))"
     module = session.run("python", "-c", code, silent=True).strip()
     if f".cpython-{python_tag[2:]}-" not in Path(module).name:
         session.error(f"pip installed a wheel whose _C ({module}) is not for Python {session.python}")
-    # A rebuilt wheel keeps its version: reinstall the very files this run reports.
-    session.install("--force-reinstall", "--no-deps", str(wheel), str(runtime_wheel))
     MATRIX_REPORTS.mkdir(parents=True, exist_ok=True)
     report = MATRIX_REPORTS / f"py{session.python}-torch{torch}-ort{onnxruntime}.json"
     # Run outside the source tree so that the installed wheel, not python/, is imported.
