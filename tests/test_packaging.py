@@ -48,6 +48,19 @@ def test_classic_build_under_another_torch_names_both_versions(monkeypatch):
     assert f"install torch=={other}" in message and "--no-build-isolation" in message
 
 
+def test_a_missing_or_foreign_ops_library_is_an_import_error_saying_what_to_do(monkeypatch, tmp_path):
+    """libopbridge_ops.so gone from the installation, or a file torch cannot load in its place: ImportError naming
+    the file and the reinstall, never a crash."""
+    monkeypatch.setattr(BUILD_INFO, "OPS_LIBRARY", "libopbridge_ops_gone.so")
+    with pytest.raises(ImportError, match=r"ops library .*libopbridge_ops_gone\.so is missing.*Reinstall"):
+        _extension.load()
+    foreign = tmp_path / "not_a_library.so"
+    foreign.write_bytes(b"not an ELF file")
+    monkeypatch.setattr(BUILD_INFO, "OPS_LIBRARY", str(foreign))  # an absolute name replaces the directory
+    with pytest.raises(ImportError, match=r"not_a_library\.so, built for torch .* failed to load under torch"):
+        _extension.load()
+
+
 def test_stable_build_under_an_older_torch_names_the_floor(monkeypatch):
     monkeypatch.setattr(BUILD_INFO, "TORCH_ABI", "stable")
     monkeypatch.setattr(BUILD_INFO, "STABLE_FLOOR", "99.0")
