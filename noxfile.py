@@ -91,8 +91,11 @@ def _put_pythons_on_path() -> None:
     by default ~/.pyenv) is put on PATH for the sessions."""
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
     for version in PYTHONS:
-        found = shutil.which(f"python{version}")  # may be a pyenv shim of a version that is not selected
-        if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+        found = shutil.which(f"python{version}")
+        # A pyenv shim answers for every version, selected or not: only a shim is tried (no start-up cost otherwise).
+        if found and (
+            "shims" not in Path(found).parts or subprocess.run([found, "-c", ""], capture_output=True).returncode == 0
+        ):
             continue
         found = sorted(root.glob(f"versions/{version}.*/bin/python{version}"))
         if found:
