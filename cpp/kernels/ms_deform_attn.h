@@ -16,6 +16,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <cstring>
+#include <memory>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -228,6 +231,10 @@ constexpr int kChunk = 64 / static_cast<int>(sizeof(T));
 // same head's rows are M rows apart, a stride the hardware prefetchers do not follow far enough).
 constexpr int64_t kAhead = 4;
 
+// The shuffle that takes the even lanes of two vectors (x of 16 (x, y) pairs; + 1: the odd lanes, y).
+template <class MV>
+constexpr MV kEvenLanes = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+
 // Prefetches [p, p + bytes) into the cache.
 [[gnu::always_inline]] inline void prefetch(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
@@ -278,21 +285,32 @@ inline bool ms_deform_attn_rows_fit_int32(const MSDeformAttnShape& s) {
 }
 
 // Fills `taps` for one (query, head) from loc [L * P, 2] and attn [L * P] of that query and head: the arithmetic of
-// ms_deform_attn_sample, 16 samples at a time.
-template <class T, class I>
+// ms_deform_attn_sample, 16 samples at a time. A corner is row (key * heads + head) of value, or `off_map` where it
+// lies off the map (-1: the caller reads zeros instead; the head-major forward's row of zeros). kFractions: also
+// the fractions of x and y (the backward's).
+template <class T, class I, bool kFractions = true>
 [[gnu::always_inline]] inline void ms_deform_attn_taps(MSDeformAttnTaps<T, I>& taps, const T* __restrict loc,
-                                                       const T* __restrict attn, I heads, I head) {
+                                                       const T* __restrict attn, I heads, I head, I off_map = I(-1)) {
   using namespace msda_detail;
   using V = typename VectorOf<T, kLanes>::type;
   using IV = typename VectorOf<I, kLanes>::type;
   using MV = typename VectorOf<std::conditional_t<sizeof(T) == 4, int32_t, int64_t>, kLanes>::type;  // T's masks
-  for (int64_t i = 0; i < taps.count; ++i) {
+  for (int64_t i = taps.count / kLanes * kLanes; i < taps.count; ++i) {  // a partial vector: through the padding
     taps.loc_x[i] = loc[2 * i], taps.loc_y[i] = loc[2 * i + 1], taps.attn[i] = attn[i];
   }
   for (int64_t i = 0; i < taps.padded; i += kLanes) {
     const V width_f = load<V>(&taps.width_f[i]), height_f = load<V>(&taps.height_f[i]);
     const IV width = load<IV>(&taps.width[i]), height = load<IV>(&taps.height[i]);
-    const V x = load<V>(&taps.loc_x[i]) * width_f - T(0.5), y = load<V>(&taps.loc_y[i]) * height_f - T(0.5);
+    V loc_x, loc_y, a;
+    if (i + kLanes <= taps.count) {  // a whole vector of samples: (x, y) pairs split by two shuffles
+      const V first = load<V>(loc + 2 * i), second = load<V>(loc + 2 * i + kLanes);
+      loc_x = __builtin_shuffle(first, second, kEvenLanes<MV>);
+      loc_y = __builtin_shuffle(first, second, kEvenLanes<MV> + 1);
+      a = load<V>(attn + i);
+    } else {
+      loc_x = load<V>(&taps.loc_x[i]), loc_y = load<V>(&taps.loc_y[i]), a = load<V>(&taps.attn[i]);
+    }
+    const V x = loc_x * width_f - T(0.5), y = loc_y * height_f - T(0.5);
     const MV any_t = (x > T(-1)) & (y > T(-1)) & (x < width_f) & (y < height_f);  // NaN: false
     const IV any = __builtin_convertvector(any_t, IV);
     // floor() of a value in (-1, size): truncate value + 1, corrected where value + 1 rounded up; positions off the
@@ -302,19 +320,20 @@ template <class T, class I>
     x0 += __builtin_convertvector(__builtin_convertvector(x0, V) > xs, IV);  // masks are -1 where true
     y0 += __builtin_convertvector(__builtin_convertvector(y0, V) > ys, IV);
     const V lx = xs - __builtin_convertvector(x0, V), ly = ys - __builtin_convertvector(y0, V);
-    const V hx = T(1) - lx, hy = T(1) - ly, a = load<V>(&taps.attn[i]);
+    const V hx = T(1) - lx, hy = T(1) - ly;
     const IV top = any & (y0 >= 0), bottom = any & (y0 + 1 < height), left = x0 >= 0, right = x0 + 1 < width;
     const IV in0 = top & left, in1 = top & right, in2 = bottom & left, in3 = bottom & right;
     const IV r0 = ((load<IV>(&taps.start[i]) + y0 * width + x0) * heads) + head, r1 = r0 + heads;
     const IV r2 = r0 + width * heads, r3 = r2 + heads;
-    store(&taps.low_x[i], lx), store(&taps.low_y[i], ly);
+    if constexpr (kFractions) store(&taps.low_x[i], lx), store(&taps.low_y[i], ly);
     const V p0 = a * (hy * hx), p1 = a * (hy * lx), p2 = a * (ly * hx), p3 = a * (ly * lx);
     const MV m0 = __builtin_convertvector(in0, MV), m1 = __builtin_convertvector(in1, MV);
     const MV m2 = __builtin_convertvector(in2, MV), m3 = __builtin_convertvector(in3, MV);
     store(&taps.weight[0][i], m0 ? p0 : V{}), store(&taps.weight[1][i], m1 ? p1 : V{});
     store(&taps.weight[2][i], m2 ? p2 : V{}), store(&taps.weight[3][i], m3 ? p3 : V{});
-    store(&taps.row[0][i], in0 ? r0 : IV{} - 1), store(&taps.row[1][i], in1 ? r1 : IV{} - 1);
-    store(&taps.row[2][i], in2 ? r2 : IV{} - 1), store(&taps.row[3][i], in3 ? r3 : IV{} - 1);
+    const IV off = IV{} + off_map;
+    store(&taps.row[0][i], in0 ? r0 : off), store(&taps.row[1][i], in1 ? r1 : off);
+    store(&taps.row[2][i], in2 ? r2 : off), store(&taps.row[3][i], in3 ? r3 : off);
   }
 }
 
@@ -344,34 +363,46 @@ template <class T, int D, bool kAdd>
   }
 }
 
-// out rows [first, last) of image n, a row being one (query, head), query-major (the inputs' order, read
-// sequentially): D > 0 the channel count known at compile time, 0 any.
-template <class T, class I, int D>
+// The forward of rows [first, last) of image n: D > 0 the channel count known at compile time, 0 any.
+//   query-major (kHeadMajor false): a row is one (query, head), in the inputs' order (read sequentially); value_n
+//     [S, M, D] as given, a corner off the map reads `zeros`;
+//   head-major (kHeadMajor true): a row is one query of head `head`; value_n is that head's rows [S + 1, D], row S
+//     zeros (corners off the map read it), loc_n and attn_n that head's inputs [Lq, L * P (, 2)]
+//     (ms_deform_attn_transpose_inputs).
+// Either way out_n is [Lq, M, D] and every (query, head) sums its samples in the same order: the same bits.
+template <class T, class I, int D, bool kHeadMajor>
 [[gnu::always_inline]] inline void ms_deform_attn_forward_block(const T* value_n, const T* loc_n, const T* attn_n,
-                                                                T* out_n, const MSDeformAttnShape& s, int64_t first,
-                                                                int64_t last, MSDeformAttnTaps<T, I>* taps_pair,
-                                                                const T* zeros) {
+                                                                T* out_n, const MSDeformAttnShape& s, int64_t head,
+                                                                int64_t first, int64_t last,
+                                                                MSDeformAttnTaps<T, I>* taps_pair, const T* zeros) {
   const int64_t d = D > 0 ? D : s.channels, m_count = s.heads, lp = taps_pair[0].count;
   alignas(64) T local[D > 0 ? D : 1];  // the accumulator, in registers when D is known
-  auto prepare = [&](int64_t row, MSDeformAttnTaps<T, I>& taps) {
-    ms_deform_attn_taps(taps, loc_n + row * lp * 2, attn_n + row * lp, static_cast<I>(m_count),
-                        static_cast<I>(row % m_count));
+  // Inlined: a call would leave the clone's instruction set (the lambda is not cloned).
+  auto prepare = [&](int64_t row, MSDeformAttnTaps<T, I>& taps) __attribute__((always_inline)) {
+    if constexpr (kHeadMajor) {
+      ms_deform_attn_taps<T, I, false>(taps, loc_n + row * lp * 2, attn_n + row * lp, I(1), I(0),
+                                       static_cast<I>(s.keys));
+    } else {
+      ms_deform_attn_taps<T, I, false>(taps, loc_n + row * lp * 2, attn_n + row * lp, static_cast<I>(m_count),
+                          static_cast<I>(row % m_count));
+    }
   };
   if (first < last) prepare(first, taps_pair[0]);
   for (int64_t row = first; row < last; ++row) {
     const MSDeformAttnTaps<T, I>& taps = taps_pair[(row - first) & 1];
     if (row + 1 < last) prepare(row + 1, taps_pair[(row + 1 - first) & 1]);
-    T* __restrict acc = D > 0 ? local : out_n + row * d;
+    T* __restrict out = out_n + (kHeadMajor ? row * m_count + head : row) * d;
+    T* __restrict acc = D > 0 ? local : out;
     const I* __restrict row0 = taps.row[0].data();
     const I* __restrict row1 = taps.row[1].data();
     const I* __restrict row2 = taps.row[2].data();
     const I* __restrict row3 = taps.row[3].data();
     for (int64_t i = 0; i < lp; ++i) {
       const int64_t k0 = row0[i], k1 = row1[i], k2 = row2[i], k3 = row3[i];
-      const T* r0 = k0 >= 0 ? value_n + k0 * d : zeros;
-      const T* r1 = k1 >= 0 ? value_n + k1 * d : zeros;
-      const T* r2 = k2 >= 0 ? value_n + k2 * d : zeros;
-      const T* r3 = k3 >= 0 ? value_n + k3 * d : zeros;
+      const T* r0 = kHeadMajor || k0 >= 0 ? value_n + k0 * d : zeros;
+      const T* r1 = kHeadMajor || k1 >= 0 ? value_n + k1 * d : zeros;
+      const T* r2 = kHeadMajor || k2 >= 0 ? value_n + k2 * d : zeros;
+      const T* r3 = kHeadMajor || k3 >= 0 ? value_n + k3 * d : zeros;
       const T w0 = taps.weight[0][i], w1 = taps.weight[1][i], w2 = taps.weight[2][i], w3 = taps.weight[3][i];
       if (i == 0) {
         ms_deform_attn_blend<T, D, false>(acc, r0, r1, r2, r3, w0, w1, w2, w3, d);
@@ -383,10 +414,24 @@ template <class T, class I, int D>
       for (int64_t k = 0; k < d; ++k) acc[k] = T(0);
     }
     if (D > 0) {
-      T* __restrict out = out_n + row * d;
       for (int64_t k = 0; k < d; ++k) out[k] = acc[k];
     }
   }
+}
+
+template <class T, class I, int D>
+[[gnu::always_inline]] inline void ms_deform_attn_forward_query_major(const T* value_n, const T* loc_n, const T* attn_n,
+                                                                      T* out_n, const MSDeformAttnShape& s,
+                                                                      int64_t head, int64_t first, int64_t last,
+                                                                      MSDeformAttnTaps<T, I>* taps, const T* zeros) {
+  ms_deform_attn_forward_block<T, I, D, false>(value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros);
+}
+template <class T, class I, int D>
+[[gnu::always_inline]] inline void ms_deform_attn_forward_head_major(const T* value_n, const T* loc_n, const T* attn_n,
+                                                                     T* out_n, const MSDeformAttnShape& s, int64_t head,
+                                                                     int64_t first, int64_t last,
+                                                                     MSDeformAttnTaps<T, I>* taps, const T* zeros) {
+  ms_deform_attn_forward_block<T, I, D, true>(value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros);
 }
 
 // OPBRIDGE_NO_CPU_CLONES: one version, for the compiler's target (the kernel tests build each clone's code this way
@@ -411,12 +456,16 @@ template <class T, class I, int D>
       return body<T, I, 0>(__VA_ARGS__);                     \
   }
 
-#define OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I)                                                                        \
-  [[maybe_unused]] OPBRIDGE_MSDA_CLONES static void ms_deform_attn_forward_task(                                       \
-      const T* value_n, const T* loc_n, const T* attn_n, T* out_n, const MSDeformAttnShape& s, int64_t first,          \
-      int64_t last, MSDeformAttnTaps<T, I>* taps, const T* zeros) {                                                    \
-    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_block, T, I, value_n, loc_n, attn_n, out_n, s, first, \
-                              last, taps, zeros)                                                                       \
+#define OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I)                                                                       \
+  [[maybe_unused]] OPBRIDGE_MSDA_CLONES static void ms_deform_attn_forward_task(                                      \
+      const T* value_n, const T* loc_n, const T* attn_n, T* out_n, const MSDeformAttnShape& s, int64_t head,          \
+      int64_t first, int64_t last, MSDeformAttnTaps<T, I>* taps, const T* zeros) {                                    \
+    if (head >= 0) {                                                                                                  \
+      OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_head_major, T, I, value_n, loc_n, attn_n, out_n, s, \
+                                head, first, last, taps, zeros)                                                       \
+    }                                                                                                                 \
+    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_query_major, T, I, value_n, loc_n, attn_n, out_n, s, \
+                              head, first, last, taps, zeros)                                                         \
   }
 OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(float, int32_t)
 OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(float, int64_t)
@@ -424,28 +473,109 @@ OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(double, int32_t)
 OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(double, int64_t)
 #undef OPBRIDGE_DEFINE_MSDA_FORWARD_TASK
 
+// Whether the forward runs head by head on a head-major copy of value (ms_deform_attn_forward_block): where every
+// value row is gathered many times (an encoder's self-attention: each key sampled by L * P samples of about as many
+// queries), the copy is paid back many times. Queries of one head then run one after another, so the rows that
+// neighbouring queries share stay in L1 (value's [S, M, D] rows of one head lie M rows apart: every head's
+// neighbours would meet in the same few cache sets, and the other heads' rows would evict them between two
+// queries). Few queries on a large map (a decoder's cross-attention) keep the inputs' order and read value in place.
+inline bool ms_deform_attn_head_major(const MSDeformAttnShape& s) {
+  return s.heads > 1 && s.channels > 0 && s.queries * s.levels * s.points >= 4 * s.keys;
+}
+
+// value [S, M, D] of one image -> value_t [M, S + 1, D] for keys [first, last) (row S of each head zeros: written
+// by the task that copies the last key).
+template <class T>
+void ms_deform_attn_transpose_value(const T* value_n, T* value_t, const MSDeformAttnShape& s, int64_t first,
+                                    int64_t last) {
+  const int64_t d = s.channels, m_count = s.heads;
+  for (int64_t key = first; key < last; ++key) {
+    for (int64_t m = 0; m < m_count; ++m) {
+      std::memcpy(value_t + (m * (s.keys + 1) + key) * d, value_n + (key * m_count + m) * d, sizeof(T) * d);
+    }
+  }
+  if (last == s.keys) {
+    for (int64_t m = 0; m < m_count; ++m) std::fill_n(value_t + (m * (s.keys + 1) + s.keys) * d, d, T(0));
+  }
+}
+
+// Queries [first, last)'s sampling_locations [Lq, M, L * P * 2] and attention_weights [Lq, M, L * P] of one image,
+// head by head: loc_t [M, last - first, L * P * 2], attn_t [M, last - first, L * P].
+template <class T>
+void ms_deform_attn_transpose_queries(const T* loc_n, const T* attn_n, T* loc_t, T* attn_t,
+                                      const MSDeformAttnShape& s, int64_t first, int64_t last) {
+  const int64_t m_count = s.heads, lp = s.levels * s.points, count = last - first;
+  for (int64_t q = first; q < last; ++q) {
+    for (int64_t m = 0; m < m_count; ++m) {
+      std::memcpy(loc_t + (m * count + q - first) * lp * 2, loc_n + (q * m_count + m) * lp * 2, sizeof(T) * lp * 2);
+      std::memcpy(attn_t + (m * count + q - first) * lp, attn_n + (q * m_count + m) * lp, sizeof(T) * lp);
+    }
+  }
+}
+
 // out [N, Lq, M * D]. spatial_shapes and level_start_index as checked by check_ms_deform_attn.
 // parallel_for(tasks, task) runs task(0..tasks-1), in any order and on any threads. Tasks are (image, block of
-// queries).
+// queries), or, head-major (ms_deform_attn_head_major unless `order` says otherwise: the tests run both), the copies
+// of each image's inputs and then (head, block of queries). Both orders give the same bits.
+#ifndef OPBRIDGE_MSDA_BLOCK_BYTES
+#define OPBRIDGE_MSDA_BLOCK_BYTES (256 << 10)
+#endif
+enum class MSDeformAttnOrder { automatic, query_major, head_major };
 template <class T, class ParallelFor>
 void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
                     const T* sampling_locations, const T* attention_weights, T* out, const MSDeformAttnShape& s,
-                    ParallelFor&& parallel_for) {
+                    ParallelFor&& parallel_for, MSDeformAttnOrder order = MSDeformAttnOrder::automatic) {
   const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
-  const int64_t block = ms_deform_attn_block_queries(s);
-  const int64_t blocks = (s.queries + block - 1) / block;
   const std::vector<T> zeros(static_cast<size_t>(d), T(0));
+  const int64_t kBlockBytes = OPBRIDGE_MSDA_BLOCK_BYTES;
+  const bool head_major = order == MSDeformAttnOrder::automatic ? ms_deform_attn_head_major(s)
+                                                                : order == MSDeformAttnOrder::head_major;
   auto run = [&](auto index) {
     using I = decltype(index);
-    parallel_for(s.batch * blocks, [&](int64_t task) {
-      const int64_t n = task / blocks, first = task % blocks * block, last = std::min(s.queries, first + block);
+    auto taps_pair = [&] {
+      return std::array<MSDeformAttnTaps<T, I>, 2>{MSDeformAttnTaps<T, I>(s, spatial_shapes, level_start_index),
+                                                   MSDeformAttnTaps<T, I>(s, spatial_shapes, level_start_index)};
+    };
+    if (!head_major) {
+      const int64_t block = ms_deform_attn_block_queries(s);
+      const int64_t blocks = (s.queries + block - 1) / block;
+      parallel_for(s.batch * blocks, [&](int64_t task) {
+        const int64_t n = task / blocks, first = task % blocks * block, last = std::min(s.queries, first + block);
+        const int64_t rows = n * s.queries * m_count;
+        auto taps = taps_pair();
+        ms_deform_attn_forward_task(value + n * s.keys * m_count * d, sampling_locations + rows * lp * 2,
+                                    attention_weights + rows * lp, out + rows * d, s, int64_t(-1), first * m_count,
+                                    last * m_count, taps.data(), zeros.data());
+      });
+      return;
+    }
+    // Head by head: value's head-major copy, then blocks of queries, each copying its inputs head-major (a few
+    // hundred KiB, in L2) and running its queries one head after the other.
+    const int64_t copy_block = 256, copies = (s.keys + copy_block - 1) / copy_block;
+    const int64_t block = std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(1, sizeof(T) * m_count * lp * 3), 1, 1024);
+    const int64_t blocks = (s.queries + block - 1) / block;
+    std::unique_ptr<T[]> value_t(new T[static_cast<size_t>(m_count * (s.keys + 1) * d)]);
+    for (int64_t n = 0; n < s.batch; ++n) {
       const int64_t rows = n * s.queries * m_count;
-      MSDeformAttnTaps<T, I> taps[2] = {MSDeformAttnTaps<T, I>(s, spatial_shapes, level_start_index),
-                                        MSDeformAttnTaps<T, I>(s, spatial_shapes, level_start_index)};
-      ms_deform_attn_forward_task(value + n * s.keys * m_count * d, sampling_locations + rows * lp * 2,
-                                  attention_weights + rows * lp, out + rows * d, s, first * m_count, last * m_count,
-                                  taps, zeros.data());
-    });
+      parallel_for(copies, [&](int64_t task) {
+        ms_deform_attn_transpose_value(value + n * s.keys * m_count * d, value_t.get(), s, task * copy_block,
+                                       std::min(s.keys, (task + 1) * copy_block));
+      });
+      parallel_for(blocks, [&](int64_t task) {
+        const int64_t first = task * block, last = std::min(s.queries, first + block), count = last - first;
+        std::vector<T> inputs(static_cast<size_t>(m_count * count * lp * 3));
+        T* loc_t = inputs.data();
+        T* attn_t = loc_t + m_count * count * lp * 2;
+        ms_deform_attn_transpose_queries(sampling_locations + rows * lp * 2, attention_weights + rows * lp, loc_t,
+                                         attn_t, s, first, last);
+        auto taps = taps_pair();
+        for (int64_t m = 0; m < m_count; ++m) {
+          ms_deform_attn_forward_task(value_t.get() + m * (s.keys + 1) * d, loc_t + m * count * lp * 2 - first * lp * 2,
+                                      attn_t + m * count * lp - first * lp, out + rows * d, s, m, first, last,
+                                      taps.data(), zeros.data());
+        }
+      });
+    }
   };
   if (ms_deform_attn_rows_fit_int32(s)) {
     run(int32_t{});

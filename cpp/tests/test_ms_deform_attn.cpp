@@ -64,27 +64,65 @@ double direct(const Case& c, int64_t n, int64_t q, int64_t m, int64_t d) {
   return total;
 }
 
-std::vector<double> forward(const Case& c) {
+std::vector<double> forward(const Case& c, MSDeformAttnOrder order = MSDeformAttnOrder::automatic) {
   const auto& s = c.s;
   std::vector<double> out(s.batch * s.queries * s.heads * s.channels);
   ms_deform_attn(c.value.data(), c.spatial.data(), c.start.data(), c.loc.data(), c.attn.data(), out.data(), s,
-                 ThreadedFor{});
+                 ThreadedFor{}, order);
   return out;
 }
 
 void test_forward_direct() {
-  const Case c(1);
-  const auto out = forward(c);
-  double worst = 0;
-  for (int64_t n = 0; n < c.s.batch; ++n)
-    for (int64_t q = 0; q < c.s.queries; ++q)
-      for (int64_t m = 0; m < c.s.heads; ++m)
-        for (int64_t d = 0; d < c.s.channels; ++d) {
-          const double got = out[((n * c.s.queries + q) * c.s.heads + m) * c.s.channels + d];
-          worst = std::max(worst, std::abs(got - direct(c, n, q, m, d)));
-        }
-  expect(worst < 1e-12,
-         "ms_deform_attn forward matches the direct evaluation (max error " + std::to_string(worst) + ")");
+  for (auto order : {MSDeformAttnOrder::query_major, MSDeformAttnOrder::head_major}) {
+    const Case c(1);
+    const auto out = forward(c, order);
+    double worst = 0;
+    for (int64_t n = 0; n < c.s.batch; ++n)
+      for (int64_t q = 0; q < c.s.queries; ++q)
+        for (int64_t m = 0; m < c.s.heads; ++m)
+          for (int64_t d = 0; d < c.s.channels; ++d) {
+            const double got = out[((n * c.s.queries + q) * c.s.heads + m) * c.s.channels + d];
+            worst = std::max(worst, std::abs(got - direct(c, n, q, m, d)));
+          }
+    expect(worst < 1e-12, std::string("ms_deform_attn forward (") +
+                              (order == MSDeformAttnOrder::head_major ? "head" : "query") +
+                              "-major) matches the direct evaluation (max error " + std::to_string(worst) + ")");
+  }
+}
+
+// The head-major forward (value copied head by head, a row of zeros for corners off the map) and the query-major
+// one give the same bits: float, head sizes with and without a compile-time kernel, L * P below, at and above one
+// vector of 16 samples, NaN / infinite / far locations and infinite values on the map.
+void test_orders_agree() {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> uniform(-0.3f, 1.3f);
+  const std::vector<int64_t> spatial{9, 11, 5, 6, 3, 3, 1, 2}, start{0, 99, 129, 138};
+  bool same = true, automatic_is_head_major = true;
+  for (int64_t channels : {32, 16, 64, 7, 33}) {
+    for (auto [levels, points] : {std::pair<int64_t, int64_t>{4, 4}, {3, 4}, {4, 5}, {1, 1}}) {
+      const MSDeformAttnShape s{2, start[levels - 1] + spatial[2 * levels - 2] * spatial[2 * levels - 1], 3,
+                                channels, 50, levels, points};
+      std::vector<float> value(s.batch * s.keys * s.heads * channels), loc(s.batch * s.queries * s.heads *
+                                                                            levels * points * 2);
+      std::vector<float> attn(loc.size() / 2);
+      for (auto& x : value) x = normal(rng);
+      for (auto& x : loc) x = uniform(rng);
+      for (auto& x : attn) x = normal(rng);
+      loc[3] = NAN, loc[10] = INFINITY, loc[17] = -1e30f, value[5] = INFINITY;  // value[5]: key 0, head 0
+      std::vector<float> a(s.batch * s.queries * s.heads * channels), b(a.size());
+      ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), a.data(), s, ThreadedFor{},
+                     MSDeformAttnOrder::query_major);
+      ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), b.data(), s, ThreadedFor{},
+                     MSDeformAttnOrder::head_major);
+      same = same && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
+      automatic_is_head_major = automatic_is_head_major && ms_deform_attn_head_major(s) == (levels * points >= 4);
+    }
+  }
+  expect(same, "the head-major and the query-major forward give the same bits");
+  expect(automatic_is_head_major, "the forward runs head-major where queries * L * P >= 4 * S");
+  const MSDeformAttnShape decoder{1, 22223, 8, 32, 300, 4, 4};  // a decoder's cross-attention keeps the inputs' order
+  expect(!ms_deform_attn_head_major(decoder), "a decoder's few queries read value in place");
 }
 
 void test_backward_finite_differences() {
@@ -178,10 +216,14 @@ uint64_t digest_of(uint64_t digest, int64_t channels) {
   }
   for (auto& x : loc) x = static_cast<T>(uniform(rng));
   std::vector<T> out(grad.size()), gv(value.size(), T(0)), gl(loc.size()), ga(attn.size());
-  ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), out.data(), s, ThreadedFor{});
+  ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), out.data(), s, ThreadedFor{},
+                 MSDeformAttnOrder::query_major);
+  std::vector<T> out_head_major(out.size());
+  ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), out_head_major.data(), s,
+                 ThreadedFor{}, MSDeformAttnOrder::head_major);
   ms_deform_attn_backward(grad.data(), value.data(), spatial.data(), start.data(), loc.data(), attn.data(), s,
                           gv.data(), gl.data(), ga.data(), ThreadedFor{});
-  for (const auto* v : {&out, &gv, &gl, &ga}) {
+  for (const auto* v : {&out, &out_head_major, &gv, &gl, &ga}) {
     for (T x : *v) {
       uint64_t bits = 0;
       std::memcpy(&bits, &x, sizeof(T));
@@ -211,6 +253,7 @@ int main(int argc, char** argv) {
   }
   test_forward_direct();
   test_backward_finite_differences();
+  test_orders_agree();
   test_nan_and_far_locations();
   test_checks();
   return opbridge::testing::report("ms_deform_attn kernel tests");
