@@ -27,6 +27,9 @@ CONFIGS = [
     ([(4, 9), (2, 5)], 3, 3, 30, 2),
     ([(3, 3), (2, 2), (1, 2)], 5, 8, 32, 4),
     ([(8, 3), (4, 2)], 2, 1, 71, 2),
+    # An encoder's shape (every key queries, queries * L * P >= 4 * keys): the kernel runs head by head on a
+    # head-major copy of value; the shapes above keep the inputs' order.
+    ([(6, 8), (3, 4), (2, 2)], 64, 4, 32, 4),
 ]
 
 

@@ -12,7 +12,8 @@ queries, d_model 256 = 8 heads x 32 channels, 4 levels, 4 points; an 800x1333 an
                     the gradients of value, sampling_locations and attention_weights through each.
     ``roofline``    the essential work alone (``libopbridge_bench``, cpp/bench/gather_roofline.cpp): the same value
                     rows gathered and summed with the same weights, from a table of rows and weights computed
-                    beforehand, in the forward's order, compiled for this CPU; ``roofline_backward``: the
+                    beforehand, in the forward's order (value copied head by head, blocks of queries run one head
+                    after the other), compiled for this CPU; ``roofline_backward``: the
                     backward's (each row dotted with the output gradient, the weighted gradient added into the
                     row's gradient), head by head as the backward runs. ``ort_custom`` / ``torch_op`` against
                     ``roofline`` is the share of the bound reached (docs/architecture.md).
@@ -176,11 +177,12 @@ def handwritten_model(levels, queries: int, batch: int = 1) -> onnx.ModelProto:
     return model
 
 
-def corner_table(inputs, head_major: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Per (query, head) group, the value rows (key * M + m) of every sample's four bilinear corners and their
-    weights (attention weight times bilinear weight), in numpy from the definition; a corner off the map reads its
-    level's first row of the same head with weight 0 (a row of its own head: the backward's threads own disjoint
-    heads). Groups query-major (the forward's order) or head-major (the backward's)."""
+def corner_table(inputs, head_major: bool, value_head_major: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Per (query, head) group, the value rows (key * M + m; ``value_head_major``: m * S + key, rows of value
+    copied head by head) of every sample's four bilinear corners and their weights (attention weight times bilinear
+    weight), in numpy from the definition; a corner off the map reads its level's first row of the same head with
+    weight 0 (a row of its own head: the backward's threads own disjoint heads). Groups query-major or head-major
+    (the backward's order)."""
     value, shapes, starts, locations, weights = (t.numpy() for t in inputs)
     heads = value.shape[2]
     rows, taps = [], []
@@ -196,13 +198,26 @@ def corner_table(inputs, head_major: bool) -> tuple[np.ndarray, np.ndarray]:
                 bilinear = (1 - np.abs(x - xx)) * (1 - np.abs(y - yy))
                 key = starts[level] + np.where(inside, yy * width + xx, 0).astype(np.int64)
                 head = np.arange(heads)[None, :, None]
-                rows.append(key * heads + head)  # off the map: the level's first row of the same head
+                keys = value.shape[1]
+                rows.append(head * keys + key if value_head_major else key * heads + head)  # off the map: see above
                 taps.append(np.where(inside, a * bilinear, 0.0))
     row = np.stack(rows, -1).reshape(locations.shape[1], heads, -1)  # [Lq, M, taps]
     weight = np.stack(taps, -1).reshape(row.shape)
     if head_major:
         row, weight = row.transpose(1, 0, 2), weight.transpose(1, 0, 2)
     return np.ascontiguousarray(row, np.int32), np.ascontiguousarray(weight, np.float32)
+
+
+def forward_order(queries: int, heads: int, samples: int) -> np.ndarray:
+    """The (query, head) groups (index query * M + m) in the order the head-major forward runs them: blocks of
+    queries sized as the kernel sizes them (their inputs, float32, in 256 KiB), in each block head 0's queries, then
+    head 1's, ..."""
+    block = min(1024, max(1, (256 << 10) // (4 * heads * samples * 3)))
+    order = []
+    for first in range(0, queries, block):
+        q = np.arange(first, min(queries, first + block))
+        order.append((q[None, :] * heads + np.arange(heads)[:, None]).reshape(-1))
+    return np.concatenate(order)
 
 
 def roofline_paths(bench: Bench, record, threads: int, inputs, want: np.ndarray, grad_out: np.ndarray) -> None:
@@ -218,13 +233,19 @@ def roofline_paths(bench: Bench, record, threads: int, inputs, want: np.ndarray,
     value = inputs[0].numpy()
     _, keys, heads, channels = value.shape
     queries = inputs[3].shape[1]
-    rows, weights = corner_table(inputs, head_major=False)
+    # The forward's order (cpp/kernels/ms_deform_attn.h, head-major on these encoders): value copied head by head,
+    # blocks of queries, each block's queries one head after the other.
+    value_t = np.ascontiguousarray(value[0].transpose(1, 0, 2))
+    rows, weights = corner_table(inputs, head_major=False, value_head_major=True)
     groups, taps = queries * heads, rows.shape[-1]
-    out = np.empty((queries, heads, channels), np.float32)
+    order = forward_order(queries, heads, taps // 4)
+    rows = np.ascontiguousarray(rows.reshape(groups, taps)[order])
+    weights = np.ascontiguousarray(weights.reshape(groups, taps)[order])
+    out = np.empty((groups, channels), np.float32)
 
     def forward():
         status = helpers.opbridge_bench_gather_forward(
-            ctypes.c_void_p(value.ctypes.data), ctypes.c_void_p(rows.ctypes.data),
+            ctypes.c_void_p(value_t.ctypes.data), ctypes.c_void_p(rows.ctypes.data),
             ctypes.c_void_p(weights.ctypes.data), ctypes.c_int64(groups), ctypes.c_int64(taps),
             ctypes.c_int64(channels), ctypes.c_void_p(out.ctypes.data), ctypes.c_int(threads),
         )  # fmt: skip
@@ -232,7 +253,9 @@ def roofline_paths(bench: Bench, record, threads: int, inputs, want: np.ndarray,
             raise RuntimeError("roofline: channels must be 32 or 64")
 
     forward()
-    check_close("roofline", out.reshape(want.shape), want, 1e-4, 1e-4)
+    in_query_order = np.empty_like(out)
+    in_query_order[order] = out
+    check_close("roofline", in_query_order.reshape(want.shape), want, 1e-4, 1e-4)
     record(threads, "roofline", forward, "gathers and multiply-adds alone, from a table")
     rows_b, weights_b = corner_table(inputs, head_major=True)
     grad = np.ascontiguousarray(grad_out.reshape(queries, heads, channels).transpose(1, 0, 2))
