@@ -5,7 +5,8 @@
 //                            the inputs, the sample arithmetic and the sums;
 //   all locations one point  every corner reads the same few rows, always in the L1 cache: the gathers cost
 //                            nothing beyond their loads;
-// single-threaded, best of 5. Build: cmake -DOPBRIDGE_BUILD_BENCH=ON, then
+// in both of the forward's orders (head-major, the one these shapes run in, and query-major), single-threaded,
+// best of 5. Build: cmake -DOPBRIDGE_BUILD_BENCH=ON, then
 //   build/cpp/bench/opbridge_ms_deform_attn_parts [512]
 #include <chrono>
 #include <cmath>
@@ -77,19 +78,22 @@ int main(int argc, char** argv) {
   }
   const MSDeformAttnShape s{1, keys, heads, channels, queries, count, points};
   std::vector<float> out(queries * heads * channels);
-  auto forward = [&](const std::vector<float>& locations) {
-    return best_ms([&] {
-      ms_deform_attn(value.data(), spatial.data(), start.data(), locations.data(), attn.data(), out.data(), s,
-                     Serial{});
-    });
-  };
-  const double full = forward(loc);
-  const double no_rows = forward(std::vector<float>(loc.size(), NAN));
-  const double one_row = forward(std::vector<float>(loc.size(), 0.01f));
-  std::printf("ms_deform_attn forward, %s encoder, 1 thread: %.1f ms\n", name, full);
-  std::printf("  all locations NaN (no value row read):    %.1f ms\n", no_rows);
-  std::printf("  all locations one point (rows in L1):     %.1f ms\n", one_row);
-  std::printf("  so fetching value rows costs about        %.1f ms (%.0f%%)\n", full - one_row,
-              100 * (full - one_row) / full);
+  for (auto [order, order_name] : {std::pair{MSDeformAttnOrder::head_major, "head-major (this shape's order)"},
+                                   std::pair{MSDeformAttnOrder::query_major, "query-major (the inputs' order)"}}) {
+    auto forward = [&](const std::vector<float>& locations) {
+      return best_ms([&] {
+        ms_deform_attn(value.data(), spatial.data(), start.data(), locations.data(), attn.data(), out.data(), s,
+                       Serial{}, order);
+      });
+    };
+    const double full = forward(loc);
+    const double no_rows = forward(std::vector<float>(loc.size(), NAN));
+    const double one_row = forward(std::vector<float>(loc.size(), 0.01f));
+    std::printf("ms_deform_attn forward, %s encoder, 1 thread, %s: %.1f ms\n", name, order_name, full);
+    std::printf("  all locations NaN (no value row read):    %.1f ms\n", no_rows);
+    std::printf("  all locations one point (rows in L1):     %.1f ms\n", one_row);
+    std::printf("  so fetching value rows costs about        %.1f ms (%.0f%%)\n", full - one_row,
+                100 * (full - one_row) / full);
+  }
   return 0;
 }

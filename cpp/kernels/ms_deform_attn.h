@@ -17,11 +17,11 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
-#include <memory>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -384,7 +384,7 @@ template <class T, class I, int D, bool kHeadMajor>
                                        static_cast<I>(s.keys));
     } else {
       ms_deform_attn_taps<T, I, false>(taps, loc_n + row * lp * 2, attn_n + row * lp, static_cast<I>(m_count),
-                          static_cast<I>(row % m_count));
+                                       static_cast<I>(row % m_count));
     }
   };
   if (first < last) prepare(first, taps_pair[0]);
@@ -456,16 +456,16 @@ template <class T, class I, int D>
       return body<T, I, 0>(__VA_ARGS__);                     \
   }
 
-#define OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I)                                                                       \
-  [[maybe_unused]] OPBRIDGE_MSDA_CLONES static void ms_deform_attn_forward_task(                                      \
-      const T* value_n, const T* loc_n, const T* attn_n, T* out_n, const MSDeformAttnShape& s, int64_t head,          \
-      int64_t first, int64_t last, MSDeformAttnTaps<T, I>* taps, const T* zeros) {                                    \
-    if (head >= 0) {                                                                                                  \
+#define OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I)                                                                        \
+  [[maybe_unused]] OPBRIDGE_MSDA_CLONES static void ms_deform_attn_forward_task(                                       \
+      const T* value_n, const T* loc_n, const T* attn_n, T* out_n, const MSDeformAttnShape& s, int64_t head,           \
+      int64_t first, int64_t last, MSDeformAttnTaps<T, I>* taps, const T* zeros) {                                     \
+    if (head >= 0) {                                                                                                   \
       OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_head_major, T, I, value_n, loc_n, attn_n, out_n, s, \
-                                head, first, last, taps, zeros)                                                       \
-    }                                                                                                                 \
-    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_query_major, T, I, value_n, loc_n, attn_n, out_n, s, \
-                              head, first, last, taps, zeros)                                                         \
+                                head, first, last, taps, zeros)                                                        \
+    }                                                                                                                  \
+    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_query_major, T, I, value_n, loc_n, attn_n, out_n, s,  \
+                              head, first, last, taps, zeros)                                                          \
   }
 OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(float, int32_t)
 OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(float, int64_t)
@@ -502,8 +502,8 @@ void ms_deform_attn_transpose_value(const T* value_n, T* value_t, const MSDeform
 // Queries [first, last)'s sampling_locations [Lq, M, L * P * 2] and attention_weights [Lq, M, L * P] of one image,
 // head by head: loc_t [M, last - first, L * P * 2], attn_t [M, last - first, L * P].
 template <class T>
-void ms_deform_attn_transpose_queries(const T* loc_n, const T* attn_n, T* loc_t, T* attn_t,
-                                      const MSDeformAttnShape& s, int64_t first, int64_t last) {
+void ms_deform_attn_transpose_queries(const T* loc_n, const T* attn_n, T* loc_t, T* attn_t, const MSDeformAttnShape& s,
+                                      int64_t first, int64_t last) {
   const int64_t m_count = s.heads, lp = s.levels * s.points, count = last - first;
   for (int64_t q = first; q < last; ++q) {
     for (int64_t m = 0; m < m_count; ++m) {
@@ -528,8 +528,8 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
   const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
   const std::vector<T> zeros(static_cast<size_t>(d), T(0));
   const int64_t kBlockBytes = OPBRIDGE_MSDA_BLOCK_BYTES;
-  const bool head_major = order == MSDeformAttnOrder::automatic ? ms_deform_attn_head_major(s)
-                                                                : order == MSDeformAttnOrder::head_major;
+  const bool head_major =
+      order == MSDeformAttnOrder::automatic ? ms_deform_attn_head_major(s) : order == MSDeformAttnOrder::head_major;
   auto run = [&](auto index) {
     using I = decltype(index);
     auto taps_pair = [&] {
@@ -551,8 +551,10 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
     }
     // Head by head: value's head-major copy, then blocks of queries, each copying its inputs head-major (a few
     // hundred KiB, in L2) and running its queries one head after the other.
-    const int64_t copy_block = 256, copies = (s.keys + copy_block - 1) / copy_block;
-    const int64_t block = std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(1, sizeof(T) * m_count * lp * 3), 1, 1024);
+    const int64_t copy_block = 256, copies = std::max<int64_t>(
+                                        1, (s.keys + copy_block - 1) / copy_block);  // 1: the zero rows of an empty map
+    const int64_t block =
+        std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(1, sizeof(T) * m_count * lp * 3), 1, 1024);
     const int64_t blocks = (s.queries + block - 1) / block;
     std::unique_ptr<T[]> value_t(new T[static_cast<size_t>(m_count * (s.keys + 1) * d)]);
     for (int64_t n = 0; n < s.batch; ++n) {

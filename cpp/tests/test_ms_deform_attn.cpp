@@ -101,10 +101,10 @@ void test_orders_agree() {
   bool same = true, automatic_is_head_major = true;
   for (int64_t channels : {32, 16, 64, 7, 33}) {
     for (auto [levels, points] : {std::pair<int64_t, int64_t>{4, 4}, {3, 4}, {4, 5}, {1, 1}}) {
-      const MSDeformAttnShape s{2, start[levels - 1] + spatial[2 * levels - 2] * spatial[2 * levels - 1], 3,
-                                channels, 50, levels, points};
-      std::vector<float> value(s.batch * s.keys * s.heads * channels), loc(s.batch * s.queries * s.heads *
-                                                                            levels * points * 2);
+      const MSDeformAttnShape s{
+          2, start[levels - 1] + spatial[2 * levels - 2] * spatial[2 * levels - 1], 3, channels, 50, levels, points};
+      std::vector<float> value(s.batch * s.keys * s.heads * channels),
+          loc(s.batch * s.queries * s.heads * levels * points * 2);
       std::vector<float> attn(loc.size() / 2);
       for (auto& x : value) x = normal(rng);
       for (auto& x : loc) x = uniform(rng);
@@ -121,6 +121,16 @@ void test_orders_agree() {
   }
   expect(same, "the head-major and the query-major forward give the same bits");
   expect(automatic_is_head_major, "the forward runs head-major where queries * L * P >= 4 * S");
+  {  // maps of no pixel: every sample reads the row of zeros (written even though no key is copied), never garbage
+    const std::vector<int64_t> empty_spatial{0, 4}, empty_start{0};
+    const MSDeformAttnShape s{1, 0, 2, 8, 3, 1, 2};
+    std::vector<float> loc(3 * 2 * 2 * 2, 0.5f), attn(3 * 2 * 2, 1.f), out(3 * 2 * 8, NAN);
+    ms_deform_attn(static_cast<const float*>(nullptr), empty_spatial.data(), empty_start.data(), loc.data(),
+                   attn.data(), out.data(), s, ThreadedFor{}, MSDeformAttnOrder::head_major);
+    bool zeros = true;
+    for (float x : out) zeros = zeros && x == 0.f;
+    expect(zeros, "an empty map gives zeros in the head-major forward");
+  }
   const MSDeformAttnShape decoder{1, 22223, 8, 32, 300, 4, 4};  // a decoder's cross-attention keeps the inputs' order
   expect(!ms_deform_attn_head_major(decoder), "a decoder's few queries read value in place");
 }
