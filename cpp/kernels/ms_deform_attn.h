@@ -179,9 +179,9 @@ OPBRIDGE_HD inline void ms_deform_attn_sample_grads(const MSDeformAttnSample<T>&
 // to a vector (positions, floors, weights, row indices in lanes; the next (query, head)'s while the current one is
 // summed), then the corner rows are gathered and summed. The channel loops have a compile-time length for the usual
 // head sizes (D = 32 in Deformable DETR, DINO and Mask2Former; 16, 64), so a row is a few whole vector registers.
-// The forward runs the (query, head) pairs in the inputs' order: reading sampling_locations and attention_weights
-// head by head (a stride of M rows) cost more than the value rows' locality gained (docs/architecture.md, "Where
-// multi-scale deformable attention's time goes").
+// The forward runs the (query, head) pairs in the inputs' order, or, where value's rows are gathered many times
+// (encoders), head by head on a head-major copy of value (ms_deform_attn_head_major; docs/architecture.md,
+// "Performance"): the same bits either way.
 //
 // The vectors are GCC's generic vector types, lowered for the target of the function they are used in; the task
 // functions are cloned for AVX-512F, AVX2 and baseline x86-64 and chosen at run time (target_clones, as
