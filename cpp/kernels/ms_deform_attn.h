@@ -368,7 +368,7 @@ template <class T, int D, bool kAdd>
 //     [S, M, D] as given, a corner off the map reads `zeros`;
 //   head-major (kHeadMajor true): a row is one query of head `head`; value_n is that head's rows [S + 1, D], row S
 //     zeros (corners off the map read it), loc_n and attn_n that head's inputs [Lq, L * P (, 2)]
-//     (ms_deform_attn_transpose_inputs).
+//     (ms_deform_attn_transpose_value, ms_deform_attn_transpose_queries).
 // Either way out_n is [Lq, M, D] and every (query, head) sums its samples in the same order: the same bits.
 template <class T, class I, int D, bool kHeadMajor>
 [[gnu::always_inline]] inline void ms_deform_attn_forward_block(const T* value_n, const T* loc_n, const T* attn_n,
