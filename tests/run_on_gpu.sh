@@ -3,6 +3,10 @@
 # torchvision, nvcc, and scikit-build-core + pybind11 (no network needed): builds opbridge there, runs
 # tests/test_cuda.py and the GPU benchmarks (python -m opbridge.tools.bench_cuda).
 #
+# With onnxruntime-gpu importable and OPBRIDGE_ORT_LIBRARY pointing at a libopbridge_ort.so that has
+# libopbridge_ort_cuda.so beside it (`cmake -S . -B build/gpu-ort -DOPBRIDGE_BUILD_TORCH=OFF`, built anywhere nvcc
+# is), it also runs tests/test_ort_cuda.py and the ORT rows of the benchmarks.
+#
 #   bash tests/run_on_gpu.sh [output directory]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -24,7 +28,7 @@ ln -s "$root/python/opbridge_ort" "$runtime/opbridge_ort"
 export PYTHONPATH="$runtime${PYTHONPATH:+:$PYTHONPATH}"
 cd tests
 status=0
-"$python" -m pytest test_cuda.py -q -p no:cacheprovider -p no:benchmark -n 4 -rs --junitxml="$out/test_cuda.xml" 2>&1 \
+"$python" -m pytest test_cuda.py test_ort_cuda.py -q -p no:cacheprovider -p no:benchmark -n 4 -rs --junitxml="$out/test_cuda.xml" 2>&1 \
   | tee "$out/test_cuda.log" | tail -40 || status=$?
 cd "$root"
 "$python" -m opbridge.tools.bench_cuda --json "$out/bench_cuda.json" --markdown "$out/bench_cuda.md"

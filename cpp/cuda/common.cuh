@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda_grid.cuh"
 #include "torch/api.h"
 
 namespace opbridge::cuda {
@@ -37,9 +38,9 @@ inline cudaStream_t current_stream(int32_t device) {
   return static_cast<cudaStream_t>(stream);
 }
 
-// Raises the error of the last launch (an invalid configuration, no kernel image for this GPU, ...).
-inline void check_launch(const char* op) {
-  const cudaError_t error = cudaGetLastError();
+// Raises the error of the last launch (an invalid configuration, no kernel image for this GPU, ...), or the one
+// a shared launcher (kernels/<op>.cuh) returned.
+inline void check_launch(const char* op, cudaError_t error = cudaGetLastError()) {
   OPBRIDGE_CHECK(error == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(error),
                  error == cudaErrorNoKernelImageForDevice
                      ? " (opbridge's CUDA library has no code for this GPU's architecture; see "
@@ -56,16 +57,7 @@ struct Context {
   cudaStream_t stream;
 };
 
-constexpr int kThreads = 256;
-
-// Blocks for `work` items of `per_block` each, capped (kernels loop over the rest with a grid stride).
-inline unsigned blocks_for(int64_t work, int64_t per_block = kThreads) {
-  return static_cast<unsigned>(std::clamp<int64_t>((work + per_block - 1) / per_block, 1, int64_t(1) << 20));
-}
-
-// for (i = first thread; i < n; i += all threads), in int64 (tensors may pass 2^31 elements).
-#define OPBRIDGE_GRID_LOOP(i, n)                                                         \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+using kernels::cuda::blocks_for;
+using kernels::cuda::kThreads;
 
 }  // namespace opbridge::cuda

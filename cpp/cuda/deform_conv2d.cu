@@ -11,7 +11,7 @@
 #include <tuple>
 
 #include "cuda/common.cuh"
-#include "kernels/deform_conv2d.h"
+#include "kernels/deform_conv2d.cuh"
 #include "kernels/deform_conv2d_backward.h"
 #include "torch/deform_conv2d.h"
 
@@ -26,28 +26,8 @@ using kernels::DeformConv2dShape;
 // Bytes of columns per chunk of images.
 constexpr int64_t kColumnBudget = int64_t(256) << 20;
 
-// The sample of tap k = (i, j) for output pixel p = (oy, ox) of `image`, in offset group og.
-template <class T>
-__device__ inline BilinearPoint<T> sample_at(const DeformConv2dShape& s, const T* offset, int64_t image, int64_t og,
-                                             int64_t k, int64_t i, int64_t j, int64_t p, int64_t oy, int64_t ox) {
-  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
-  const T* dy = offset + ((image * s.offset_groups + og) * taps + k) * 2 * pixels;
-  T y, x;
-  kernels::deform_conv2d_position(s, oy, ox, i, j, dy[p], dy[pixels + p], y, x);
-  return BilinearPoint<T>(y, x, s.height, s.width);
-}
-
-// for each tap k = (i, j) of the kernel, without a division per tap.
-#define OPBRIDGE_FOR_EACH_TAP(s, k, i, j)           \
-  for (int64_t i = 0, k = 0; i < (s).kernel_h; ++i) \
-    for (int64_t j = 0; j < (s).kernel_w; ++j, ++k)
-
-template <class T>
-__device__ inline T mask_at(const DeformConv2dShape& s, const T* mask, int64_t image, int64_t og, int64_t k,
-                            int64_t p) {
-  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
-  return mask != nullptr ? mask[((image * s.offset_groups + og) * taps + k) * pixels + p] : T(1);
-}
+using kernels::cuda::mask_at;
+using kernels::cuda::sample_at;
 
 // columns[(c * K + k), b * P + p] for images [first, first + count): one thread per (channel, image, pixel).
 template <class T>

@@ -1,18 +1,15 @@
-// opbridge::ms_deform_attn and its backward on CUDA: kernels/ms_deform_attn.h's sample (corners, bilinear
-// weights) and gradient arithmetic per (image, query, head) row, as on the CPU.
-//
-// A row's channels are spread over `lanes` threads (a power of two up to a warp; each thread owns channels
-// lane, lane + lanes, ...), so a corner's value row is read in one coalesced access. The forward owns its output
-// elements. The backward owns the gradients of locations and weights (the lanes' partial dot products are summed
-// by warp shuffles in a fixed order) and adds into grad_value with atomics: the order of those float additions,
-// and so grad_value's last bits, can vary between runs (python/opbridge/ops/ms_deform_attn.py raises or warns
-// under torch.use_deterministic_algorithms, as torch's own CUDA kernels with atomics do).
+// opbridge::ms_deform_attn and its backward on CUDA. The forward is kernels/ms_deform_attn.cuh's (shared with the
+// ORT CUDA library); the backward, in the forward's layout, owns the gradients of locations and weights (the
+// lanes' partial dot products are summed by warp shuffles in a fixed order) and adds into grad_value with
+// atomics: the order of those float additions, and so grad_value's last bits, can vary between runs
+// (python/opbridge/ops/ms_deform_attn.py raises or warns under torch.use_deterministic_algorithms, as torch's own
+// CUDA kernels with atomics do).
 #include <initializer_list>
 #include <type_traits>
 #include <vector>
 
 #include "cuda/common.cuh"
-#include "kernels/ms_deform_attn.h"
+#include "kernels/ms_deform_attn.cuh"
 #include "torch/ms_deform_attn.h"
 
 namespace opbridge {
@@ -21,95 +18,16 @@ namespace {
 using api::Tensor;
 using kernels::MSDeformAttnShape;
 
-constexpr int kMaxLevels = 32;
+using kernels::cuda::MSDeformAttnLevels;
+using kernels::cuda::Vec;
 
-// The checked level table, by value: the kernels read no table from device memory.
-struct Levels {
-  int64_t height[kMaxLevels], width[kMaxLevels], start[kMaxLevels];
-};
-
-Levels levels_of(const ms_deform_attn_op::Inputs& in) {
-  OPBRIDGE_CHECK(in.shape.levels <= kMaxLevels, "opbridge::ms_deform_attn: the CUDA kernels take up to ", kMaxLevels,
-                 " levels, got ", in.shape.levels);
-  const auto* shapes = api::data<int64_t>(in.spatial_shapes);
-  const auto* starts = api::data<int64_t>(in.level_start_index);
-  Levels levels{};
-  for (int64_t l = 0; l < in.shape.levels; ++l) {
-    levels.height[l] = shapes[2 * l], levels.width[l] = shapes[2 * l + 1], levels.start[l] = starts[l];
-  }
+MSDeformAttnLevels levels_of(const ms_deform_attn_op::Inputs& in) {
+  MSDeformAttnLevels levels;
+  OPBRIDGE_CHECK(kernels::cuda::ms_deform_attn_levels(in.shape, api::data<int64_t>(in.spatial_shapes),
+                                                      api::data<int64_t>(in.level_start_index), levels),
+                 "opbridge::ms_deform_attn: the CUDA kernels take up to ", kernels::cuda::kMaxLevels, " levels, got ",
+                 in.shape.levels);
   return levels;
-}
-
-// Threads per row for rows of `units` (channels, or vectors of them): up to a warp.
-int lanes_for(int64_t units) {
-  int lanes = 1;
-  while (lanes < 32 && lanes < units) lanes *= 2;
-  return lanes;
-}
-
-// Loops a warp's threads over rows * lanes work items together (the bound is the same for the whole warp, so
-// the shuffles of the backward are never reached by part of a warp).
-#define OPBRIDGE_WARP_LOOP(t, total)                                            \
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
-       t - static_cast<int64_t>(threadIdx.x & 31) < (total); t += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-// T values moved as one aligned load (16 bytes for float x 4 or double x 2).
-template <class T, int kVec>
-struct alignas(sizeof(T) * kVec) Vec {
-  T v[kVec];
-};
-
-// A row's channels in vectors of kVec (channels % kVec == 0 and value 16-byte aligned, else kVec = 1): `lanes`
-// threads a row, each owning vectors lane, lane + lanes, ...; every sample's four corners are loaded before their
-// multiply-adds, which follow the CPU kernel's order (acc += w0 v0 + w1 v1 + w2 v2 + w3 v3).
-template <class T, int kVec>
-__global__ void forward_kernel(const T* __restrict__ value, const T* __restrict__ locations,
-                               const T* __restrict__ weights, T* __restrict__ out, MSDeformAttnShape s, Levels levels,
-                               int lanes) {
-  using V = Vec<T, kVec>;
-  const int64_t rows = s.batch * s.queries * s.heads, lp = s.levels * s.points, d = s.channels;
-  const int64_t key_stride = s.heads * d;
-  OPBRIDGE_WARP_LOOP(t, rows * lanes) {
-    if (t >= rows * lanes) continue;
-    const int64_t row = t / lanes, lane = t % lanes, m = row % s.heads, n = row / (s.heads * s.queries);
-    const T* value_nm = value + (n * s.keys * s.heads + m) * d;
-    const T* loc = locations + row * lp * 2;
-    const T* attn = weights + row * lp;
-    for (int64_t c0 = lane * kVec; c0 < d; c0 += lanes * kVec) {
-      T acc[kVec];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) acc[j] = T(0);
-      for (int64_t l = 0; l < s.levels; ++l) {
-        for (int64_t p = 0; p < s.points; ++p) {
-          const int64_t i = l * s.points + p;
-          const auto sample = kernels::ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], levels.height[l],
-                                                             levels.width[l], levels.start[l]);
-          if (!sample.any) continue;
-          const T a = attn[i];
-          T w[4];
-          V v[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            w[k] = sample.inside[k] ? a * sample.weight[k] : T(0);
-            if (sample.inside[k]) {
-              v[k] = *reinterpret_cast<const V*>(value_nm + sample.key[k] * key_stride + c0);
-            } else {
-#pragma unroll
-              for (int j = 0; j < kVec; ++j) v[k].v[j] = T(0);
-            }
-          }
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            acc[j] += w[0] * v[0].v[j] + w[1] * v[1].v[j] + w[2] * v[2].v[j] + w[3] * v[3].v[j];
-          }
-        }
-      }
-      V result;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) result.v[j] = acc[j];
-      *reinterpret_cast<V*>(out + row * d + c0) = result;
-    }
-  }
 }
 
 // target[0..kVec) += value[0..kVec) atomically: one vector atomic for float x 4 on sm_90, else per element.
@@ -134,7 +52,7 @@ __device__ inline void atomic_add(T* target, const T (&value)[kVec]) {
 template <class T, int kVec>
 __global__ void backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ value,
                                 const T* __restrict__ locations, const T* __restrict__ weights, MSDeformAttnShape s,
-                                Levels levels, int lanes, T* grad_value, T* __restrict__ grad_locations,
+                                MSDeformAttnLevels levels, int lanes, T* grad_value, T* __restrict__ grad_locations,
                                 T* __restrict__ grad_weights) {
   using V = Vec<T, kVec>;
   const int64_t rows = s.batch * s.queries * s.heads, lp = s.levels * s.points, d = s.channels;
@@ -193,16 +111,6 @@ __global__ void backward_kernel(const T* __restrict__ grad_out, const T* __restr
   }
 }
 
-// Whether the vector kernels can serve: whole vectors a row, every vector accessed 16-byte aligned.
-template <class T>
-bool use_vectors(const MSDeformAttnShape& s, std::initializer_list<const void*> data) {
-  if (s.channels % (16 / sizeof(T)) != 0) return false;
-  for (const void* pointer : data) {
-    if (reinterpret_cast<uintptr_t>(pointer) % 16 != 0) return false;
-  }
-  return true;
-}
-
 Tensor ms_deform_attn_cuda(const Tensor& value, const Tensor& spatial_shapes, const Tensor& level_start_index,
                            const Tensor& sampling_locations, const Tensor& attention_weights) {
   const auto in =
@@ -210,20 +118,16 @@ Tensor ms_deform_attn_cuda(const Tensor& value, const Tensor& spatial_shapes, co
   const auto& s = in.shape;
   auto out = api::empty_on({s.batch, s.queries, s.heads * s.channels}, value.scalar_type(), value);
   if (out.numel() == 0) return out;
-  const Levels levels = levels_of(in);
+  const MSDeformAttnLevels levels = levels_of(in);
   const cuda::Context context(value);
+  cudaError_t error = cudaSuccess;
   api::dispatch_floating(value.scalar_type(), "opbridge::ms_deform_attn", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int kVec = 16 / sizeof(T);
-    const bool vectors = use_vectors<T>(s, {in.value.const_data_ptr(), out.const_data_ptr()});
-    const int lanes = lanes_for(vectors ? s.channels / kVec : s.channels);
-    const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * lanes);
-    auto kernel = vectors ? forward_kernel<T, kVec> : forward_kernel<T, 1>;
-    kernel<<<blocks, cuda::kThreads, 0, context.stream>>>(api::data<T>(in.value), api::data<T>(in.sampling_locations),
-                                                          api::data<T>(in.attention_weights), api::data<T>(out), s,
-                                                          levels, lanes);
+    error = kernels::cuda::ms_deform_attn_forward(api::data<T>(in.value), api::data<T>(in.sampling_locations),
+                                                  api::data<T>(in.attention_weights), api::data<T>(out), s, levels,
+                                                  context.stream);
   });
-  cuda::check_launch("opbridge::ms_deform_attn");
+  cuda::check_launch("opbridge::ms_deform_attn", error);
   return out;
 }
 
@@ -252,14 +156,14 @@ std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cuda(const Tensor& gr
     torch::stable::zero_(grad_weights);
     return {grad_value, grad_locations, grad_weights};
   }
-  const Levels levels = levels_of(in);
+  const MSDeformAttnLevels levels = levels_of(in);
   const cuda::Context context(value);
   api::dispatch_floating(dtype, "opbridge::ms_deform_attn_backward", [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);
-    const bool vectors =
-        use_vectors<T>(s, {in.value.const_data_ptr(), g.const_data_ptr(), grad_value.const_data_ptr()});
-    const int lanes = lanes_for(vectors ? s.channels / kVec : s.channels);
+    const bool vectors = kernels::cuda::ms_deform_attn_vectors<T>(
+        s, {in.value.const_data_ptr(), g.const_data_ptr(), grad_value.const_data_ptr()});
+    const int lanes = kernels::cuda::ms_deform_attn_lanes(vectors ? s.channels / kVec : s.channels);
     const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * lanes);
     auto kernel = vectors ? backward_kernel<T, kVec> : backward_kernel<T, 1>;
     kernel<<<blocks, cuda::kThreads, 0, context.stream>>>(

@@ -1,79 +1,27 @@
-// ORT adapter of kernels/ms_deform_attn.h: opbridge::MultiScaleDeformableAttention(value,
-// spatial_shapes, level_start_index, sampling_locations, attention_weights), and the same
-// kernel as mmdeploy::MMCVMultiScaleDeformableAttention (the node mmdeploy's exporter writes
-// for mmcv's MultiScaleDeformableAttnFunction; same inputs in the same order, its attribute
-// im2col_step, a CUDA batching knob, is accepted and ignored), so that models mmdeploy
-// exported run in ONNX Runtime, for which mmdeploy ships no kernel.
-#include <string>
-#include <vector>
-
-#include "kernels/ms_deform_attn.h"
-#include "ort/api.h"
+// The CPU ORT kernels of multi-scale deformable attention (ms_deform_attn.h): kernels/ms_deform_attn.h on the
+// session's threads.
+#include "ort/ms_deform_attn.h"
 
 namespace opbridge::ort {
 namespace {
 
-template <class T>
-Ort::Status run_ms_deform_attn(OrtKernelContext* context, const char* op, const Ort::Custom::Tensor<T>& value,
-                               const Ort::Custom::Tensor<int64_t>& spatial_shapes,
-                               const Ort::Custom::Tensor<int64_t>& level_start_index,
-                               const Ort::Custom::Tensor<T>& sampling_locations,
-                               const Ort::Custom::Tensor<T>& attention_weights, Ort::Custom::Tensor<T>& out) {
-  return guarded(op, [&] {
-    const kernels::MSDeformAttnNames names{op,
-                                           "input value (index 0)",
-                                           "input spatial_shapes (index 1)",
-                                           "input level_start_index (index 2)",
-                                           "input sampling_locations (index 3)",
-                                           "input attention_weights (index 4)"};
-    const auto spatial_shape = spatial_shapes.Shape(), start_shape = level_start_index.Shape();
-    // The level table's data is read by the check: its shape first.
-    if (spatial_shape.size() != 2 || spatial_shape[1] != 2 || spatial_shape[0] < 1 || start_shape.size() != 1 ||
-        start_shape[0] != spatial_shape[0]) {
-      return invalid_argument(std::string(op) + ": " + names.spatial_shapes + " must have shape [levels, 2] " +
-                              "(levels >= 1) and " + names.level_start_index + " shape [levels], got " +
-                              kernels::shape_to_string(spatial_shape) + " and " +
-                              kernels::shape_to_string(start_shape));
-    }
-    kernels::MSDeformAttnShape shape;
-    const auto status = kernels::check_ms_deform_attn(names, value.Shape(), spatial_shape, start_shape,
-                                                      sampling_locations.Shape(), attention_weights.Shape(),
-                                                      spatial_shapes.Data(), level_start_index.Data(), shape);
-    if (!status.ok()) return from_kernel(status);
-    T* y = out.Allocate({shape.batch, shape.queries, shape.heads * shape.channels});
-    if (shape.batch == 0 || shape.queries == 0 || shape.heads * shape.channels == 0) return Ort::Status(nullptr);
-    kernels::ms_deform_attn(value.Data(), spatial_shapes.Data(), level_start_index.Data(), sampling_locations.Data(),
-                            attention_weights.Data(), y, shape, SessionThreads(context));
-    return Ort::Status(nullptr);
-  });
-}
-
-constexpr char kOp[] = "opbridge::MultiScaleDeformableAttention";
-constexpr char kMmdeployOp[] = "mmdeploy::MMCVMultiScaleDeformableAttention";
-
-// The kernel function of one node name (the name goes into its error messages).
-template <class T, const char* Op>
-Ort::Status compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& value,
-                    const Ort::Custom::Tensor<int64_t>& spatial_shapes,
-                    const Ort::Custom::Tensor<int64_t>& level_start_index,
-                    const Ort::Custom::Tensor<T>& sampling_locations, const Ort::Custom::Tensor<T>& attention_weights,
-                    Ort::Custom::Tensor<T>& out) {
-  return run_ms_deform_attn(context, Op, value, spatial_shapes, level_start_index, sampling_locations,
-                            attention_weights, out);
-}
-
-template <const char* Op>
-void append_for(const char* op_type, std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp(op_type, "CPUExecutionProvider", compute<float, Op>)));
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp(op_type, "CPUExecutionProvider", compute<double, Op>)));
-}
+struct Cpu {
+  static constexpr const char* kProvider = "CPUExecutionProvider";
+  template <class T>
+  static void ms_deform_attn(OrtKernelContext* context, const char*, const T* value, const int64_t* spatial_shapes,
+                             const int64_t* level_start_index, const T* locations, const T* weights, T* out,
+                             const kernels::MSDeformAttnShape& shape) {
+    kernels::ms_deform_attn(value, spatial_shapes, level_start_index, locations, weights, out, shape,
+                            SessionThreads(context));
+  }
+};
 
 void append_ms_deform_attn(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  append_for<kOp>("MultiScaleDeformableAttention", ops);
+  ms_deform_attn_adapter::append<Cpu>(ops);
 }
 
 void append_mmdeploy_ms_deform_attn(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  append_for<kMmdeployOp>("MMCVMultiScaleDeformableAttention", ops);
+  ms_deform_attn_adapter::append_mmdeploy<Cpu>(ops);
 }
 
 }  // namespace

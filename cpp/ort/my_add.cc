@@ -1,8 +1,7 @@
-// ORT adapter of kernels/my_add.h: opbridge::MyAdd(A, B) -> C, C = 2 * A + B
-// with multidirectional broadcasting, for float, double and float16.
+// The CPU ORT kernel of opbridge::MyAdd (my_add.h): kernels/my_add.h on the session's threads.
 #include "kernels/my_add.h"
 
-#include "ort/api.h"
+#include "ort/my_add.h"
 
 namespace opbridge::ort {
 namespace {
@@ -17,31 +16,17 @@ struct KernelType<Ort::Float16_t> {
   using type = kernels::float16;
 };
 
-template <class T>
-Ort::Status MyAdd(OrtKernelContext* context, const Ort::Custom::Tensor<T>& a, const Ort::Custom::Tensor<T>& b,
-                  Ort::Custom::Tensor<T>& c) {
-  return guarded("opbridge::MyAdd", [&] {
-    std::vector<int64_t> shape;
-    const auto status = kernels::broadcast_shapes("opbridge::MyAdd", "input A (index 0)", a.Shape(),
-                                                  "input B (index 1)", b.Shape(), shape);
-    if (!status.ok()) return from_kernel(status);
+struct Cpu {
+  static constexpr const char* kProvider = "CPUExecutionProvider";
+  template <class T>
+  static void my_add(OrtKernelContext* context, const T* a, const T* b, T* out, const kernels::BinaryLoop& loop) {
     using K = typename KernelType<T>::type;
-    K* out = reinterpret_cast<K*>(c.Allocate(shape));
-    const auto loop = kernels::make_binary_loop(shape, kernels::broadcast_strides(a.Shape(), shape),
-                                                kernels::broadcast_strides(b.Shape(), shape));
-    if (loop.numel > 0) {
-      kernels::my_add(reinterpret_cast<const K*>(a.Data()), reinterpret_cast<const K*>(b.Data()), out, loop,
-                      SessionThreads(context));
-    }
-    return Ort::Status(nullptr);
-  });
-}
+    kernels::my_add(reinterpret_cast<const K*>(a), reinterpret_cast<const K*>(b), reinterpret_cast<K*>(out), loop,
+                    SessionThreads(context));
+  }
+};
 
-void append_my_add(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<float>)));
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<double>)));
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp("MyAdd", "CPUExecutionProvider", MyAdd<Ort::Float16_t>)));
-}
+void append_my_add(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) { my_add_adapter::append<Cpu>(ops); }
 
 }  // namespace
 

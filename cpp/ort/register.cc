@@ -1,8 +1,11 @@
 // The library's single export: RegisterCustomOps, called by ONNX Runtime when a
 // session's options load this library. It negotiates the API version so that
 // one build runs on every ORT from 1.16 to the newest.
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -15,19 +18,78 @@ namespace {
 constexpr int kMinimumApiVersion = 16;  // the lite custom-op API needs ORT >= 1.16
 int g_api_version = 0;
 
+// A node of the CUDA library (libopbridge_ort_cuda.so) with its domain.
+struct DeviceOp {
+  std::string domain;
+  OrtCustomOp* op;
+};
+
+bool runtime_has(const OrtApi* api, const char* provider) {
+  char** providers = nullptr;
+  int count = 0;
+  if (OrtStatus* status = api->GetAvailableProviders(&providers, &count)) {
+    api->ReleaseStatus(status);
+    return false;
+  }
+  bool found = false;
+  for (int i = 0; i < count; ++i) found = found || std::string(providers[i]) == provider;
+  if (OrtStatus* status = api->ReleaseAvailableProviders(providers, count)) api->ReleaseStatus(status);
+  return found;
+}
+
+// The CUDA nodes, where the runtime has the CUDA execution provider and libopbridge_ort_cuda.so lies beside this
+// library (the runtime wheel builds it where nvcc was found). Without either, opbridge's nodes run on the CPU
+// execution provider (ORT copies their inputs there); OPBRIDGE_ORT_CUDA=0 chooses that.
+std::vector<DeviceOp> cuda_ops(const OrtApi* api, int version) {
+  std::vector<DeviceOp> ops;
+  const char* choice = std::getenv("OPBRIDGE_ORT_CUDA");
+  if ((choice != nullptr && std::string(choice) == "0") || !runtime_has(api, "CUDAExecutionProvider")) return ops;
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void*>(&runtime_has), &self) == 0 || self.dli_fname == nullptr) return ops;
+  std::string path = self.dli_fname;
+  path = path.substr(0, path.find_last_of('/') + 1) + "libopbridge_ort_cuda.so";
+  if (FILE* file = std::fopen(path.c_str(), "rb")) {
+    std::fclose(file);
+  } else {
+    return ops;  // a library built without CUDA
+  }
+  // Never closed: the nodes live as long as the process (see make_domains).
+  void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  using Entry = int (*)(const OrtApi*, int, void (*)(void*, const char*, OrtCustomOp*), void*);
+  auto entry = library != nullptr ? reinterpret_cast<Entry>(dlsym(library, "opbridge_ort_cuda_ops")) : nullptr;
+  if (entry == nullptr || entry(
+                              api, version,
+                              [](void* context, const char* domain, OrtCustomOp* op) {
+                                static_cast<std::vector<DeviceOp>*>(context)->push_back({domain, op});
+                              },
+                              &ops) < 0) {
+    std::fprintf(stderr, "opbridge: %s could not be loaded (%s); opbridge's nodes run on the CPU execution provider\n",
+                 path.c_str(), library == nullptr ? dlerror() : "no CUDA nodes");
+    ops.clear();
+  }
+  return ops;
+}
+
 // The domain and its ops live as long as the process: sessions keep pointers to
 // them, and destroying them at exit could run after the runtime is unloaded.
-// One Ort::CustomOpDomain per domain name the ops registered ("opbridge" first).
-std::vector<Ort::CustomOpDomain*> make_domains(int version) {
+// One Ort::CustomOpDomain per domain name the ops registered ("opbridge" first), holding the CPU nodes and the
+// same nodes for other execution providers (`device_ops`).
+std::vector<Ort::CustomOpDomain*> make_domains(int version, const std::vector<DeviceOp>& device_ops) {
   std::vector<Ort::CustomOpDomain*> domains;
   std::vector<std::string> names{"opbridge"};
   for (const auto& registration : registered_ops()) {
     if (std::find(names.begin(), names.end(), registration.domain) == names.end()) names.push_back(registration.domain);
   }
   for (const auto& name : names) {
-    std::vector<Ort::Custom::OrtLiteCustomOp*> ops;
+    std::vector<OrtCustomOp*> ops;
     for (const auto& registration : registered_ops()) {
-      if (name == registration.domain) registration.append(ops);
+      if (name != registration.domain) continue;
+      std::vector<Ort::Custom::OrtLiteCustomOp*> lite;
+      registration.append(lite);
+      ops.insert(ops.end(), lite.begin(), lite.end());
+    }
+    for (const auto& device_op : device_ops) {
+      if (device_op.domain == name) ops.push_back(device_op.op);
     }
     auto* domain = new Ort::CustomOpDomain(name.c_str());
     for (auto* op : ops) {
@@ -89,7 +151,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     g_api_version = version;
     Ort::InitApi(api);
     init_gemm();
-    *domains = make_domains(version);
+    *domains = make_domains(version, cuda_ops(api, version));
   });
   // Session options that already carry the domain (the library registered twice, e.g. by hand and then by
   // opbridge_ort.session_options) keep it once: ORT refuses a duplicate domain when the session is created.

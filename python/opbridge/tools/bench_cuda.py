@@ -12,6 +12,11 @@ against its baseline's first. Ratios are against baselines timed in the same run
   run with a device-to-device copy (bytes read plus written): the op's least traffic (value, locations and weights
   read once, the output written once; the backward also reads the output gradient and writes three gradients)
   over its time.
+
+Where onnxruntime has the CUDA execution provider and opbridge_ort's CUDA library is installed, the ORT nodes too
+(``ort_rows``): each opbridge node on the CUDA execution provider (inputs and output bound in GPU memory, so no
+copies are timed) against the same node on the CPU execution provider, and against torch's CUDA path on the same
+inputs (opbridge's CUDA op for MSDA, torchvision's for deform_conv2d); forward only (ORT runs inference).
 """
 
 from __future__ import annotations
@@ -131,6 +136,117 @@ def msda_rows(repeat: int, bandwidth: float) -> list[dict]:
     return rows
 
 
+def _ort_session(model: bytes, provider: str):
+    import onnxruntime as ort
+
+    import opbridge_ort
+
+    options = opbridge_ort.session_options()
+    if provider == "CUDAExecutionProvider":
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    return ort.InferenceSession(model, options, providers=[provider])
+
+
+def _ort_timer(session, feeds: dict, out: torch.Tensor, repeat: int, warmup: int = 3) -> float:
+    """Median ms of one run with inputs and output bound where they lie (GPU tensors for the CUDA EP)."""
+    import time
+
+    binding = session.io_binding()
+    types = {torch.float32: "float32", torch.float64: "float64", torch.int64: "int64"}
+    import numpy as np
+
+    for name, tensor in feeds.items():
+        device = "cuda" if tensor.is_cuda else "cpu"
+        binding.bind_input(name, device, 0, np.dtype(types[tensor.dtype]), list(tensor.shape), tensor.data_ptr())
+    binding.bind_output("out", "cuda" if out.is_cuda else "cpu", 0, np.dtype(types[out.dtype]), list(out.shape),
+                        out.data_ptr())  # fmt: skip
+    for _ in range(warmup):
+        session.run_with_iobinding(binding)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        session.run_with_iobinding(binding)  # synchronous: returns once the CUDA stream is done
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _one_node(op_type: str, domain: str, feeds: dict, attributes: dict | None = None) -> bytes:
+    from onnx import TensorProto, helper
+
+    element = {torch.float32: TensorProto.FLOAT, torch.int64: TensorProto.INT64}
+    inputs = [helper.make_tensor_value_info(k, element[v.dtype], list(v.shape)) for k, v in feeds.items()]
+    node = helper.make_node(op_type, list(feeds), ["out"], domain=domain, **(attributes or {}))
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid(domain, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8).SerializeToString()
+
+
+def ort_rows(repeat: int) -> list[dict]:
+    """ORT's CUDA execution provider running opbridge's nodes (see the module's docstring); [] where it cannot."""
+    try:
+        import onnxruntime as ort
+
+        import opbridge_ort
+
+        library = Path(opbridge_ort.library_path()).with_name("libopbridge_ort_cuda.so")
+    except (ImportError, FileNotFoundError):
+        return []
+    if "CUDAExecutionProvider" not in ort.get_available_providers() or not library.is_file():
+        return []
+    import torchvision
+
+    rows = []
+    cases = []
+    for label, levels in CASES.items():
+        value, shapes, starts, locations, weights = encoder_inputs(levels)
+        feeds = dict(value=value, spatial_shapes=shapes, level_start_index=starts, sampling_locations=locations,
+                     attention_weights=weights)  # fmt: skip
+        model = _one_node("MultiScaleDeformableAttention", "opbridge", feeds)
+        # The level table stays in host memory for ORT (the node reads it there); the torch op takes it on the GPU.
+        cuda_feeds = {k: v.cuda() if v.is_floating_point() else v for k, v in feeds.items()}
+        torch_inputs = [v.cuda() for v in feeds.values()]
+        cases.append(("ms_deform_attn", f"{label}, {value.shape[1]} keys", model, feeds, cuda_feeds,
+                      lambda a=torch_inputs: opbridge.ms_deform_attn(*a), "torch CUDA op"))  # fmt: skip
+    for n, c, h, w in [(1, 256, 100, 136), (8, 256, 50, 68)]:
+        generator = torch.Generator().manual_seed(0)
+        feeds = dict(X=torch.randn(n, c, h, w, generator=generator),
+                     W=torch.randn(c, c, 3, 3, generator=generator) / (3 * c**0.5),
+                     offset=torch.randn(n, 18, h, w, generator=generator), B=torch.randn(c, generator=generator),
+                     mask=torch.rand(n, 9, h, w, generator=generator))  # fmt: skip
+        model = _one_node("DeformConv2d", "opbridge", feeds, dict(pads=[1, 1, 1, 1], kernel_shape=[3, 3]))
+        cuda_feeds = {k: v.cuda() for k, v in feeds.items()}
+        f = cuda_feeds
+        cases.append(("deform_conv2d", f"N{n} C{c} {h}x{w}", model, feeds, cuda_feeds,
+                      lambda f=f: torchvision.ops.deform_conv2d(f["X"], f["offset"], f["W"], f["B"], padding=(1, 1),
+                                                                mask=f["mask"]), "torchvision CUDA"))  # fmt: skip
+    for op, case, model, feeds, cuda_feeds, torch_path, torch_name in cases:
+        expected = torch_path()
+        out_gpu, out_cpu = torch.empty_like(expected), torch.empty_like(expected).cpu()
+        times = {
+            "ORT CUDA EP": _ort_timer(_ort_session(model, "CUDAExecutionProvider"), cuda_feeds, out_gpu, repeat),
+            "ORT CPU EP": _ort_timer(_ort_session(model, "CPUExecutionProvider"), feeds, out_cpu, 3, warmup=1),
+            torch_name: time_ms(torch_path, repeat),
+        }
+        _close(out_gpu, expected, f"ORT CUDA {op}")
+        _close(out_cpu, expected.cpu(), f"ORT CPU {op}")
+        for path, ms in times.items():
+            rows.append(dict(op=op, case=case, path=path, forward_ms=ms))
+    return rows
+
+
+def ort_report(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    title = "## ORT: opbridge's nodes on the CUDA execution provider (forward; GPU-bound inputs and output)"
+    lines = ["", "", title, "",
+             "| op | case | path | forward ms | CUDA EP speed-up over it |", "|---|---|---|---|---|"]  # fmt: skip
+    for row in rows:
+        cuda = next(r for r in rows if r["case"] == row["case"] and r["path"] == "ORT CUDA EP")
+        ratio = "" if row is cuda else f"{row['forward_ms'] / cuda['forward_ms']:.2f}x"
+        lines.append(f"| {row['op']} | {row['case']} | {row['path']} | {row['forward_ms']:.3f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def report(rows: list[dict], bandwidth: float) -> str:
     lines = [
         f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; device-to-device copy: "
@@ -170,10 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cudnn.benchmark = False
     bandwidth = copy_bandwidth(args.repeat)
     rows = msda_rows(args.repeat, bandwidth) + deform_rows(args.repeat)
-    text = report(rows, bandwidth)
+    ort = ort_rows(args.repeat)
+    text = report(rows, bandwidth) + ort_report(ort)
     print(text)
     if args.json:
-        args.json.write_text(json.dumps({"bandwidth_gbs": bandwidth, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"bandwidth_gbs": bandwidth, "rows": rows, "ort_rows": ort}, indent=1))
     if args.markdown:
         args.markdown.write_text("# opbridge's CUDA ops on the GPU\n\n`python -m opbridge.tools.bench_cuda`\n\n"
                                  + text + "\n")  # fmt: skip

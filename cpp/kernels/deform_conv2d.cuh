@@ -1,0 +1,126 @@
+// The deformable convolution's CUDA pieces shared by the torch CUDA op (cpp/cuda/deform_conv2d.cu) and the ORT
+// CUDA library (cpp/ort/cuda): a tap's sample (kernels/deform_conv2d.h's position and BilinearPoint, as on the
+// CPU) and a fused forward that needs no matrix library.
+//
+// The fused forward is an implicit GEMM: out[image, o, p] = sum over (c, tap) of W[o, c, tap] * column[(c, tap),
+// (image, p)], where a block computes a 64 x 64 tile of (output channel, image pixel) and samples its 16-row slices
+// of the columns into shared memory as it goes (no columns in device memory). Each output element is owned by one
+// thread: deterministic. The torch op keeps its im2col + cuBLAS path (cuBLAS is there).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda_grid.cuh"
+#include "kernels/deform_conv2d.h"
+#include "kernels/deform_conv2d_backward.h"
+
+namespace opbridge::kernels::cuda {
+
+// The sample of tap k = (i, j) for output pixel p = (oy, ox) of `image`, in offset group og.
+template <class T>
+__device__ inline BilinearPoint<T> sample_at(const DeformConv2dShape& s, const T* offset, int64_t image, int64_t og,
+                                             int64_t k, int64_t i, int64_t j, int64_t p, int64_t oy, int64_t ox) {
+  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
+  const T* dy = offset + ((image * s.offset_groups + og) * taps + k) * 2 * pixels;
+  T y, x;
+  kernels::deform_conv2d_position(s, oy, ox, i, j, dy[p], dy[pixels + p], y, x);
+  return BilinearPoint<T>(y, x, s.height, s.width);
+}
+
+// for each tap k = (i, j) of the kernel, without a division per tap.
+#define OPBRIDGE_FOR_EACH_TAP(s, k, i, j)           \
+  for (int64_t i = 0, k = 0; i < (s).kernel_h; ++i) \
+    for (int64_t j = 0; j < (s).kernel_w; ++j, ++k)
+
+template <class T>
+__device__ inline T mask_at(const DeformConv2dShape& s, const T* mask, int64_t image, int64_t og, int64_t k,
+                            int64_t p) {
+  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
+  return mask != nullptr ? mask[((image * s.offset_groups + og) * taps + k) * pixels + p] : T(1);
+}
+
+template <class T>
+__global__ void deform_conv2d_fused_kernel(const T* __restrict__ input, const T* __restrict__ weight,
+                                           const T* __restrict__ offset, const T* __restrict__ mask,
+                                           const T* __restrict__ bias, DeformConv2dShape s, T* __restrict__ out) {
+  constexpr int kTile = 64, kDepth = 16;
+  __shared__ T w_tile[kDepth][kTile];  // [tap row, output channel]
+  __shared__ T c_tile[kDepth][kTile];  // [tap row, column]
+  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, plane = s.height * s.width;
+  const int64_t columns = s.batch * pixels, per_group = s.in_channels / s.groups;
+  const int64_t out_per_group = s.out_channels / s.groups, depth = per_group * taps;
+  const int64_t per_offset_group = s.in_channels / s.offset_groups;
+  const int64_t group = blockIdx.z, o0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t column0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;  // 4 x 4 outputs each: columns tx * 4.., rows ty * 4..
+  T acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
+  }
+  for (int64_t k0 = 0; k0 < depth; k0 += kDepth) {
+    for (int e = threadIdx.x; e < kDepth * kTile; e += blockDim.x) {
+      const int kk = e % kDepth, oo = e / kDepth;  // a row's taps by neighbouring threads
+      const int64_t o = o0 + oo, k = k0 + kk;
+      w_tile[kk][oo] = o < out_per_group && k < depth ? weight[(group * out_per_group + o) * depth + k] : T(0);
+    }
+    for (int e = threadIdx.x; e < kDepth * kTile; e += blockDim.x) {
+      const int kk = e / kTile, cc = e % kTile;  // neighbouring pixels by neighbouring threads
+      const int64_t k = k0 + kk, column = column0 + cc;
+      T sampled = T(0);
+      if (k < depth && column < columns) {
+        const int64_t c = group * per_group + k / taps, tap = k % taps, image = column / pixels, p = column % pixels;
+        const int64_t og = c / per_offset_group;
+        const auto point =
+            sample_at(s, offset, image, og, tap, tap / s.kernel_w, tap % s.kernel_w, p, p / s.out_w, p % s.out_w);
+        T v[4];
+        point.values(input + (image * s.in_channels + c) * plane, s.width, v);
+        sampled = point.value(v) * mask_at(s, mask, image, og, tap, p);
+      }
+      c_tile[kk][cc] = sampled;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kDepth; ++kk) {
+      T a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = w_tile[kk][ty * 4 + i], b[i] = c_tile[kk][tx * 4 + i];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t o = o0 + ty * 4 + i;
+    if (o >= out_per_group) continue;
+    const int64_t channel = group * out_per_group + o;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t column = column0 + tx * 4 + j;
+      if (column >= columns) continue;
+      const int64_t image = column / pixels, p = column % pixels;
+      out[(image * s.out_channels + channel) * pixels + p] = acc[i][j] + (bias != nullptr ? bias[channel] : T(0));
+    }
+  }
+}
+
+// The fused forward on `stream` over contiguous NCHW input, weight [C_out, C_in / groups, kh, kw], offset, mask
+// (or null) and bias (or null); returns the launch's error (cudaErrorInvalidConfiguration beyond the grid's
+// limits: more than 65535 groups or 65535 * 64 output channels a group).
+template <class T>
+cudaError_t deform_conv2d_forward(const T* input, const T* weight, const T* offset, const T* mask, const T* bias,
+                                  const DeformConv2dShape& s, T* out, cudaStream_t stream) {
+  const int64_t columns = s.batch * s.out_h * s.out_w, out_per_group = s.out_channels / s.groups;
+  const int64_t x = (columns + 63) / 64, y = (out_per_group + 63) / 64;
+  if (x > 0x7fffffff || y > 65535 || s.groups > 65535) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(s.groups));
+  deform_conv2d_fused_kernel<T><<<grid, kThreads, 0, stream>>>(input, weight, offset, mask, bias, s, out);
+  return cudaGetLastError();
+}
+
+}  // namespace opbridge::kernels::cuda

@@ -1,0 +1,227 @@
+"""opbridge's ORT CUDA library (cpp/ort/cuda, libopbridge_ort_cuda.so): the same nodes for ONNX Runtime's CUDA
+execution provider.
+
+On a machine with an NVIDIA GPU and onnxruntime-gpu: each node placed on the CUDA execution provider (the session
+refuses CPU fallback, so a node that found no CUDA kernel fails the test) against an independent reference (numpy,
+torchvision's deform_conv2d, the grid_sample reference of MSDA, in float64) and against the CPU library's node
+(float64 within 1e-10: one arithmetic, two devices), mmcv/mmdeploy node names included, and bad input answered by
+an error status. Everywhere: the host side (the library is built where nvcc is and exports one function; an ORT
+without the CUDA execution provider never loads it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper  # noqa: E402
+
+import opbridge_ort  # noqa: E402
+from opbridge.ops.ms_deform_attn import reference as msda_reference  # noqa: E402
+from opbridge.ops.ms_deform_attn import sample_inputs as msda_inputs  # noqa: E402
+
+
+def _library_dir():
+    try:
+        return os.path.dirname(opbridge_ort.library_path())
+    except FileNotFoundError:
+        return None
+
+
+CUDA_LIBRARY = os.path.join(_library_dir() or "", "libopbridge_ort_cuda.so")
+HAS_CUDA_EP = (
+    "CUDAExecutionProvider" in ort.get_available_providers()
+    and torch.cuda.is_available()
+    and os.path.isfile(CUDA_LIBRARY)
+)
+needs_cuda_ep = pytest.mark.skipif(
+    not HAS_CUDA_EP, reason="needs an NVIDIA GPU, onnxruntime-gpu and opbridge's ORT CUDA library"
+)
+ELEMENT = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE, np.float16: TensorProto.FLOAT16}
+
+
+# --- host side: every machine ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA compiler) where opbridge_ort was built")
+def test_the_ort_cuda_library_is_built_where_nvcc_is_and_exports_one_function():
+    if _library_dir() is None:
+        pytest.skip("opbridge_ort's library is not installed here")
+    assert os.path.isfile(CUDA_LIBRARY), f"{CUDA_LIBRARY} was not built although nvcc is on PATH"
+    with open(CUDA_LIBRARY, "rb") as f:
+        data = f.read()
+    assert b"opbridge_ort_cuda_ops" in data
+    # Static CUDA runtime: no libcudart to find at load time.
+    assert b"libcudart.so" not in data
+
+
+# --- on the GPU -----------------------------------------------------------------------------------------------------
+
+
+def _model(op_type, domain, inputs, output_dtype, attributes=None):
+    """One node; inputs: [(name, array)] (None for an omitted optional input)."""
+    graph_inputs = [
+        helper.make_tensor_value_info(name, ELEMENT.get(array.dtype.type, TensorProto.INT64), list(array.shape))
+        for name, array in inputs
+        if array is not None
+    ]
+    node = helper.make_node(
+        op_type, [name if array is not None else "" for name, array in inputs], ["out"], domain=domain,
+        **(attributes or {}),
+    )  # fmt: skip
+    graph = helper.make_graph([node], "g", graph_inputs, [helper.make_tensor_value_info("out", output_dtype, None)])
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid(domain, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8).SerializeToString()
+
+
+def _run(model, feeds, cuda):
+    options = opbridge_ort.session_options()
+    if cuda:
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # every node on the GPU, or fail
+    providers = ["CUDAExecutionProvider"] if cuda else ["CPUExecutionProvider"]
+    session = ort.InferenceSession(model, options, providers=providers)
+    if cuda:
+        assert session.get_providers()[0] == "CUDAExecutionProvider"
+    return session.run(None, {k: v for k, v in feeds.items() if v is not None})[0]
+
+
+def _close(actual, expected, dtype):
+    tol = {np.float64: 1e-10, np.float32: 1e-4, np.float16: 1e-3}[dtype]
+    np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol)
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("shapes", [((3, 4, 5), (3, 4, 5)), ((2, 3, 4), (4,)), ((2, 1, 4), (3, 1)), ((), (5,))])
+def test_my_add_on_the_cuda_ep(dtype, shapes):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(shapes[0]).astype(dtype)
+    b = rng.standard_normal(shapes[1]).astype(dtype)
+    model = _model("MyAdd", "opbridge", [("A", a), ("B", b)], ELEMENT[dtype])
+    out = _run(model, {"A": a, "B": b}, cuda=True)
+    acc = np.float64 if dtype == np.float64 else np.float32
+    expected = (2 * a.astype(acc) + b.astype(acc)).astype(dtype)
+    np.testing.assert_array_equal(out, expected)
+
+
+MSDA_CONFIGS = [
+    dict(batch=2, levels=((6, 8), (3, 4), (2, 2), (1, 1)), queries=11, heads=2, channels=32, points=3),
+    dict(batch=1, levels=((5, 7), (3, 3)), queries=9, heads=3, channels=16, points=2),
+    dict(batch=1, levels=((4, 5),), queries=7, heads=1, channels=100, points=2),  # channels not a vector multiple
+    dict(batch=1, levels=((64, 64), (32, 32), (16, 16), (8, 8)), queries=5440, heads=8, channels=32, points=4),
+]
+MSDA_NODES = [("MultiScaleDeformableAttention", "opbridge"), ("MMCVMultiScaleDeformableAttention", "mmdeploy")]
+
+
+SPECIAL_LOCATIONS = [float("nan"), 0.5, 1e30, -1e30, float("inf"), -0.25, 1.25]
+
+
+def _msda_feeds(dtype, config, special=SPECIAL_LOCATIONS):
+    """Inputs with a few NaN, infinite and far locations first, which the op samples as off the map (zero)."""
+    value, shapes, starts, locations, weights = msda_inputs(torch.float64, **config)
+    locations = locations.clone()
+    locations.view(-1)[: len(special)] = torch.tensor(special, dtype=torch.float64)
+    feeds = dict(value=value, spatial_shapes=shapes, level_start_index=starts, sampling_locations=locations,
+                 attention_weights=weights)  # fmt: skip
+    return {k: v.numpy().astype(dtype) if v.is_floating_point() else v.numpy() for k, v in feeds.items()}
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("node", MSDA_NODES, ids=lambda n: n[1])
+@pytest.mark.parametrize("config", MSDA_CONFIGS, ids=lambda c: f"D{c['channels']}Q{c['queries']}")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ms_deform_attn_on_the_cuda_ep(node, config, dtype):
+    feeds = _msda_feeds(dtype, config)
+    model = _model(*node, list(feeds.items()), ELEMENT[dtype])
+    out = _run(model, feeds, cuda=True)
+    # The reference (grid_sample) propagates NaN: it gets the same inputs with those locations far off the map.
+    off_map = [x if abs(x) < 1e6 else -10.0 for x in SPECIAL_LOCATIONS]  # NaN, inf and 1e30 (abs(nan) < 1e6 is False)
+    reference_feeds = _msda_feeds(np.float64, config, special=off_map)
+    expected = msda_reference(*(torch.from_numpy(v) for v in reference_feeds.values())).numpy()
+    _close(out, expected, dtype)
+    if dtype == np.float64:
+        _close(out, _run(model, feeds, cuda=False), dtype)  # the CPU library's node: same arithmetic
+
+
+@needs_cuda_ep
+def test_ms_deform_attn_bad_level_table_is_an_error_status_on_the_cuda_ep():
+    feeds = _msda_feeds(np.float32, MSDA_CONFIGS[0])
+    feeds["level_start_index"] = feeds["level_start_index"] + 1
+    model = _model(*MSDA_NODES[0], list(feeds.items()), TensorProto.FLOAT)
+    with pytest.raises(Exception, match=r"MultiScaleDeformableAttention.*level_start_index"):
+        _run(model, feeds, cuda=True)
+
+
+DEFORM_CONFIGS = [
+    dict(batch=2, channels=6, size=(9, 11), out_channels=4, kernel=(3, 3), groups=1, offset_groups=2,
+         stride=(1, 2), padding=(1, 1), dilation=(1, 1), mask=True, bias=True),
+    dict(batch=1, channels=8, size=(7, 6), out_channels=6, kernel=(2, 3), groups=2, offset_groups=4,
+         stride=(2, 1), padding=(0, 2), dilation=(2, 1), mask=False, bias=False),
+    dict(batch=2, channels=64, size=(20, 24), out_channels=96, kernel=(3, 3), groups=1, offset_groups=1,
+         stride=(1, 1), padding=(1, 1), dilation=(1, 1), mask=True, bias=True),  # several 64-wide tiles
+]  # fmt: skip
+
+
+def _deform(dtype, c):
+    rng = np.random.default_rng(1)
+    kh, kw = c["kernel"]
+    out_h = (c["size"][0] + 2 * c["padding"][0] - c["dilation"][0] * (kh - 1) - 1) // c["stride"][0] + 1
+    out_w = (c["size"][1] + 2 * c["padding"][1] - c["dilation"][1] * (kw - 1) - 1) // c["stride"][1] + 1
+    taps = c["offset_groups"] * kh * kw
+    x = rng.standard_normal((c["batch"], c["channels"], *c["size"]))
+    w = rng.standard_normal((c["out_channels"], c["channels"] // c["groups"], kh, kw))
+    offset = 2.0 * rng.standard_normal((c["batch"], 2 * taps, out_h, out_w))
+    mask = rng.random((c["batch"], taps, out_h, out_w)) if c["mask"] else None
+    bias = rng.standard_normal(c["out_channels"]) if c["bias"] else None
+    import torchvision
+
+    t = lambda a: None if a is None else torch.from_numpy(a)  # noqa: E731
+    geometry = dict(stride=c["stride"], padding=c["padding"], dilation=c["dilation"])
+    expected = torchvision.ops.deform_conv2d(t(x), t(offset), t(w), t(bias), mask=t(mask), **geometry).numpy()
+    cast = lambda a: None if a is None else a.astype(dtype)  # noqa: E731
+    return cast(x), cast(w), cast(offset), cast(mask), cast(bias), expected
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("config", DEFORM_CONFIGS, ids=lambda c: f"C{c['channels']}G{c['groups']}")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_deform_conv2d_on_the_cuda_ep(config, dtype):
+    x, w, offset, mask, bias, expected = _deform(dtype, config)
+    c = config
+    attributes = dict(strides=list(c["stride"]), pads=[*c["padding"], *c["padding"]], dilations=list(c["dilation"]),
+                      group=c["groups"], offset_group=c["offset_groups"], kernel_shape=list(c["kernel"]))  # fmt: skip
+    inputs = [("X", x), ("W", w), ("offset", offset), ("B", bias), ("mask", mask)]
+    model = _model("DeformConv2d", "opbridge", inputs, ELEMENT[dtype], attributes)
+    out = _run(model, dict(inputs), cuda=True)
+    tol = 1e-10 if dtype == np.float64 else 1e-4
+    np.testing.assert_allclose(out, expected, rtol=tol, atol=tol)
+    if dtype == np.float64:
+        np.testing.assert_allclose(out, _run(model, dict(inputs), cuda=False), rtol=1e-12, atol=1e-12)
+    # mmcv's and mmdeploy's nodes (DCNv2 with a mask; DCNv1 without mask and bias) run the same kernel.
+    mmcv = dict(stride=list(c["stride"]), padding=list(c["padding"]), dilation=list(c["dilation"]),
+                groups=c["groups"], deform_groups=c["offset_groups"])  # fmt: skip
+    if mask is not None:
+        inputs = [("input", x), ("offset", offset), ("mask", mask), ("weight", w), ("bias", bias)]
+        for domain in ("mmcv", "mmdeploy"):
+            model = _model("MMCVModulatedDeformConv2d", domain, inputs, ELEMENT[dtype], mmcv)
+            np.testing.assert_allclose(_run(model, dict(inputs), cuda=True), expected, rtol=tol, atol=tol)
+    elif bias is None:
+        inputs = [("input", x), ("offset", offset), ("weight", w)]
+        model = _model("MMCVDeformConv2d", "mmcv", inputs, ELEMENT[dtype], mmcv)
+        np.testing.assert_allclose(_run(model, dict(inputs), cuda=True), expected, rtol=tol, atol=tol)
+
+
+@needs_cuda_ep
+def test_deform_conv2d_bad_shapes_are_an_error_status_on_the_cuda_ep():
+    x, w, offset, mask, bias, _ = _deform(np.float32, DEFORM_CONFIGS[0])
+    inputs = [("X", x), ("W", w), ("offset", offset[:, :-2]), ("B", bias), ("mask", mask)]
+    attributes = dict(strides=[1, 2], pads=[1, 1, 1, 1], offset_group=2, kernel_shape=[3, 3])
+    model = _model("DeformConv2d", "opbridge", inputs, TensorProto.FLOAT, attributes)
+    with pytest.raises(Exception, match=r"DeformConv2d.*offset"):
+        _run(model, dict(inputs), cuda=True)
