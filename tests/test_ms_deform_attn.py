@@ -4,7 +4,11 @@ lowerings at two image sizes, mmdeploy's node, and a Deformable-DETR-style encod
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -268,6 +272,52 @@ def test_mmdeploy_node_runs_on_the_library(dtype):
     args = sample_inputs(dtype, 2)
     (got,) = session.run(None, {n: t.numpy() for n, t in zip(NAMES, args, strict=True)})
     np.testing.assert_allclose(got, reference(*args).numpy(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+# Run in a subprocess under OPBRIDGE_CPU_ISA: the torch op's forward and gradients and the ORT node's output for an
+# encoder's shape (head-major) and a decoder's (query-major), float32 and float64, written to an .npz.
+_ISA_SCRIPT = """
+import sys
+import numpy as np, torch
+import opbridge, opbridge_ort
+from opbridge.ops.ms_deform_attn import sample_inputs
+sys.path.insert(0, sys.argv[2])
+from test_ms_deform_attn import NAMES, _mmdeploy_model
+from onnx import TensorProto
+out = {}
+for dtype, proto in ((torch.float32, TensorProto.FLOAT), (torch.float64, TensorProto.DOUBLE)):
+    session = opbridge_ort.InferenceSession(_mmdeploy_model(proto))
+    for name, queries in (("encoder", 180), ("decoder", 5)):
+        args = sample_inputs(dtype, 2, [(6, 8), (3, 4), (2, 2)], queries, 4, 33, 4, seed=7)
+        leaves = [a.clone().requires_grad_(a.dtype.is_floating_point) for a in args]
+        result = opbridge.ms_deform_attn(*leaves)
+        grads = torch.autograd.grad(result, [leaves[0], leaves[3], leaves[4]], torch.ones_like(result))
+        key = f"{name}-{dtype}"
+        out[key] = result.detach().numpy()
+        out[key + "-ort"] = session.run(None, {n: t.numpy() for n, t in zip(NAMES, args)})[0]
+        for i, g in enumerate(grads):
+            out[f"{key}-grad{i}"] = g.numpy()
+np.savez(sys.argv[1], **out)
+"""
+
+
+def test_every_instruction_set_gives_the_same_bits(tmp_path):
+    """The CPU kernels are built once per x86-64 instruction set and chosen at run time (OPBRIDGE_CPU_ISA caps the
+    choice): AVX-512F, AVX2 and baseline give the same bits, in torch (forward and gradients) and in ORT, in both of
+    the forward's orders. On a CPU without an instruction set, the cap above it changes nothing and still agrees."""
+    results = {}
+    for isa in ("avx512f", "avx2", "baseline"):
+        path = tmp_path / f"{isa}.npz"
+        env = dict(os.environ, OPBRIDGE_CPU_ISA=isa)
+        subprocess.run([sys.executable, "-c", _ISA_SCRIPT, str(path), str(Path(__file__).parent)], env=env,
+                       check=True)  # fmt: skip
+        results[isa] = dict(np.load(path))
+    assert len(results["avx512f"]) == 20
+    for isa in ("avx2", "baseline"):
+        for key, want in results["avx512f"].items():
+            got = results[isa][key]
+            error = np.abs(got - want).max()
+            assert got.tobytes() == want.tobytes(), f"{key}: {isa} differs from avx512f (max abs difference {error})"
 
 
 @pytest.mark.parametrize(

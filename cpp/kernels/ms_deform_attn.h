@@ -19,6 +19,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -183,11 +184,17 @@ OPBRIDGE_HD inline void ms_deform_attn_sample_grads(const MSDeformAttnSample<T>&
 // (encoders), head by head on a head-major copy of value (ms_deform_attn_head_major; docs/architecture.md,
 // "Performance"): the same bits either way.
 //
-// The vectors are GCC's generic vector types, lowered for the target of the function they are used in; the task
-// functions are cloned for AVX-512F, AVX2 and baseline x86-64 and chosen at run time (target_clones, as
-// deform_conv2d's loops; by feature, not by x86-64-v3/v4 level, which GCC 11, the wheels' compiler, cannot dispatch
-// on). Every clone does the same operations in the same order (no fused multiply-adds: see the build flags), so the
-// results do not depend on the CPU.
+// The vectors are GCC's generic vector types, as wide as the registers of the instruction set the code is compiled
+// for (64 bytes with AVX-512F, 32 with AVX2, 16 baseline). The task functions (ms_deform_attn_forward_task,
+// ms_deform_attn_backward_task) are compiled once per instruction set, each in a translation unit of its own with
+// that instruction set's flags (cpp/kernels/ms_deform_attn_isa.cc, into a namespace named after it), and the one
+// the CPU runs is chosen at run time (OPBRIDGE_MSDA_DISPATCH; ms_deform_attn_isa). Not GCC's target_clones: a
+// clone compiled for AVX-512F under a function attribute lowered the sample loop's vector comparisons one lane at a
+// time (1.4x slower than the same code built with -mavx512f), and 64-byte vectors on AVX2 went through the stack
+// (7x slower); docs/architecture.md. Without OPBRIDGE_MSDA_DISPATCH (the kernel tests, other compilers and CPUs)
+// the task functions are compiled here for the including file's own target. Every instruction set does the same
+// operations in the same order (no fused multiply-adds: see the build flags; the one sum across lanes, the
+// backward's dot, has a fixed 64-byte width), so the results do not depend on the CPU.
 
 // The helpers below pass vectors by value only inlined, so the ABI of a vector argument never applies.
 #pragma GCC diagnostic push
@@ -205,11 +212,28 @@ OPBRIDGE_MSDA_VECTOR(float, 16)
 OPBRIDGE_MSDA_VECTOR(double, 16)
 OPBRIDGE_MSDA_VECTOR(int32_t, 16)
 OPBRIDGE_MSDA_VECTOR(int64_t, 16)
-OPBRIDGE_MSDA_VECTOR(double, 8)  // a 64-byte row chunk of doubles (16 floats: above)
+OPBRIDGE_MSDA_VECTOR(float, 8)
+OPBRIDGE_MSDA_VECTOR(double, 8)
+OPBRIDGE_MSDA_VECTOR(int32_t, 8)
+OPBRIDGE_MSDA_VECTOR(int64_t, 8)
+OPBRIDGE_MSDA_VECTOR(float, 4)
+OPBRIDGE_MSDA_VECTOR(double, 4)
+OPBRIDGE_MSDA_VECTOR(int32_t, 4)
+OPBRIDGE_MSDA_VECTOR(int64_t, 4)
+OPBRIDGE_MSDA_VECTOR(double, 2)
 #undef OPBRIDGE_MSDA_VECTOR
 
-// Samples per vector of the sample loop.
-constexpr int kLanes = 16;
+// The register width of the instruction set this is compiled for.
+#if defined(__AVX512F__)
+constexpr int kVectorBytes = 64;
+#elif defined(__AVX2__)
+constexpr int kVectorBytes = 32;
+#else
+constexpr int kVectorBytes = 16;
+#endif
+// Samples per vector of the sample loop (float positions); the taps are padded to whole vectors of the widest.
+constexpr int kLanes = kVectorBytes / 4;
+constexpr int kMaxLanes = 16;
 
 template <class V, class T>
 [[gnu::always_inline]] inline V load(const T* p) {
@@ -222,18 +246,33 @@ template <class V, class T>
   __builtin_memcpy(p, &v, sizeof(V));
 }
 
-// Channels per row chunk: 64 bytes (16 floats, 8 doubles), one AVX-512 register, two AVX2 or four SSE ones. The
-// arithmetic is lane by lane, so the register width changes no result.
+// Channels per row chunk: one register. The arithmetic is lane by lane, so the register width changes no result.
 template <class T>
-constexpr int kChunk = 64 / static_cast<int>(sizeof(T));
+constexpr int kChunk = kVectorBytes / static_cast<int>(sizeof(T));
+// Channels per chunk of a dot product, whose lanes are summed at the end: 64 bytes on every instruction set (two
+// AVX2 registers, four SSE ones), so the order of that sum is the same everywhere.
+template <class T>
+constexpr int kDotChunk = 64 / static_cast<int>(sizeof(T));
 
 // Where the loads of a query's inputs start ahead of their use: the inputs of the query `kAhead` queries on (the
 // same head's rows are M rows apart, a stride the hardware prefetchers do not follow far enough).
 constexpr int64_t kAhead = 4;
 
-// The shuffle that takes the even lanes of two vectors (x of 16 (x, y) pairs; + 1: the odd lanes, y).
+// The shuffle that takes the even lanes of two vectors (x of kLanes (x, y) pairs; + 1: the odd lanes, y).
+template <class MV, int kCount = kLanes>
+struct EvenLanes;
 template <class MV>
-constexpr MV kEvenLanes = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+struct EvenLanes<MV, 16> {
+  static constexpr MV value = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+};
+template <class MV>
+struct EvenLanes<MV, 8> {
+  static constexpr MV value = {0, 2, 4, 6, 8, 10, 12, 14};
+};
+template <class MV>
+struct EvenLanes<MV, 4> {
+  static constexpr MV value = {0, 2, 4, 6};
+};
 
 // Prefetches [p, p + bytes) into the cache.
 [[gnu::always_inline]] inline void prefetch(const void* p, int64_t bytes) {
@@ -247,27 +286,38 @@ constexpr MV kEvenLanes = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28
 // sample i, or -1 where that corner is off the map (it then reads a row of zeros: an infinite value there must not
 // turn 0 * inf into NaN); weight[c][i] is the attention weight times the bilinear weight, 0 for a corner off the
 // map. I: the integer type of positions and rows, int32_t when every row index fits, else int64_t.
+// The arrays are raw pointers into the struct's own storage, so the task functions, compiled per instruction set,
+// touch no standard-library code (whose inline functions one instruction set's file could otherwise emit for all).
 template <class T, class I>
 struct MSDeformAttnTaps {
-  int64_t count = 0, padded = 0;  // L * P, rounded up to whole vectors
-  std::vector<I> row[4];
-  std::vector<T> weight[4];
-  std::vector<T> low_x, low_y;        // the fractions of x and y (backward)
-  std::vector<T> loc_x, loc_y, attn;  // the query's inputs, deinterleaved and padded (NaN: no sample)
-  std::vector<T> width_f, height_f;   // per sample: its level's W and H
-  std::vector<I> width, height, start;
+  int64_t count = 0, padded = 0;  // L * P, rounded up to whole vectors of the widest instruction set
+  I* row[4];
+  T* weight[4];
+  T *low_x, *low_y;         // the fractions of x and y (backward)
+  T *loc_x, *loc_y, *attn;  // the query's inputs, deinterleaved and padded (NaN: no sample)
+  T *width_f, *height_f;    // per sample: its level's W and H
+  I *width, *height, *start;
+  MSDeformAttnTaps(const MSDeformAttnTaps&) = delete;
+  MSDeformAttnTaps& operator=(const MSDeformAttnTaps&) = delete;
+  MSDeformAttnTaps(MSDeformAttnTaps&&) = default;  // the storage's buffers move with it: the pointers stay valid
   explicit MSDeformAttnTaps(const MSDeformAttnShape& s, const int64_t* spatial_shapes, const int64_t* level_start) {
     count = s.levels * s.points;
-    padded = (count + msda_detail::kLanes - 1) / msda_detail::kLanes * msda_detail::kLanes;
+    padded = (count + msda_detail::kMaxLanes - 1) / msda_detail::kMaxLanes * msda_detail::kMaxLanes;
     const auto n = static_cast<size_t>(padded);
+    reals_.resize(11 * n), integers_.resize(7 * n);
+    T* r = reals_.data();
+    I* k = integers_.data();
     for (int c = 0; c < 4; ++c) {
-      row[c].assign(n, I(-1));
-      weight[c].assign(n, T(0));
+      row[c] = k + c * n, std::fill_n(row[c], n, I(-1));
+      weight[c] = r + c * n, std::fill_n(weight[c], n, T(0));
     }
-    for (auto* v : {&low_x, &low_y, &attn}) v->assign(n, T(0));
-    for (auto* v : {&loc_x, &loc_y}) v->assign(n, std::numeric_limits<T>::quiet_NaN());
-    width_f.assign(n, T(1)), height_f.assign(n, T(1));
-    width.assign(n, I(1)), height.assign(n, I(1)), start.assign(n, I(0));
+    low_x = r + 4 * n, low_y = r + 5 * n, attn = r + 6 * n, loc_x = r + 7 * n, loc_y = r + 8 * n;
+    width_f = r + 9 * n, height_f = r + 10 * n;
+    width = k + 4 * n, height = k + 5 * n, start = k + 6 * n;
+    for (T* v : {low_x, low_y, attn}) std::fill_n(v, n, T(0));
+    for (T* v : {loc_x, loc_y}) std::fill_n(v, n, std::numeric_limits<T>::quiet_NaN());
+    std::fill_n(width_f, n, T(1)), std::fill_n(height_f, n, T(1));
+    std::fill_n(width, n, I(1)), std::fill_n(height, n, I(1)), std::fill_n(start, n, I(0));
     for (int64_t l = 0; l < s.levels; ++l) {
       for (int64_t p = 0; p < s.points; ++p) {
         const auto i = static_cast<size_t>(l * s.points + p);
@@ -277,6 +327,10 @@ struct MSDeformAttnTaps {
       }
     }
   }
+
+ private:
+  std::vector<T> reals_;
+  std::vector<I> integers_;
 };
 
 // Whether int32_t rows serve: every row index key * M + m below 2^31 (then so are the sizes and starts).
@@ -304,8 +358,8 @@ template <class T, class I, bool kFractions = true>
     V loc_x, loc_y, a;
     if (i + kLanes <= taps.count) {  // a whole vector of samples: (x, y) pairs split by two shuffles
       const V first = load<V>(loc + 2 * i), second = load<V>(loc + 2 * i + kLanes);
-      loc_x = __builtin_shuffle(first, second, kEvenLanes<MV>);
-      loc_y = __builtin_shuffle(first, second, kEvenLanes<MV> + 1);
+      loc_x = __builtin_shuffle(first, second, EvenLanes<MV>::value);
+      loc_y = __builtin_shuffle(first, second, EvenLanes<MV>::value + 1);
       a = load<V>(attn + i);
     } else {
       loc_x = load<V>(&taps.loc_x[i]), loc_y = load<V>(&taps.loc_y[i]), a = load<V>(&taps.attn[i]);
@@ -377,7 +431,7 @@ template <class T, class I, int D, bool kHeadMajor>
                                                                 MSDeformAttnTaps<T, I>* taps_pair, const T* zeros) {
   const int64_t d = D > 0 ? D : s.channels, m_count = s.heads, lp = taps_pair[0].count;
   alignas(64) T local[D > 0 ? D : 1];  // the accumulator, in registers when D is known
-  // Inlined: a call would leave the clone's instruction set (the lambda is not cloned).
+  // Forced inline, as every helper here: the code must be compiled in the task function, with its instruction set.
   auto prepare = [&](int64_t row, MSDeformAttnTaps<T, I>& taps) __attribute__((always_inline)) {
     if constexpr (kHeadMajor) {
       ms_deform_attn_taps<T, I, false>(taps, loc_n + row * lp * 2, attn_n + row * lp, I(1), I(0),
@@ -393,10 +447,10 @@ template <class T, class I, int D, bool kHeadMajor>
     if (row + 1 < last) prepare(row + 1, taps_pair[(row + 1 - first) & 1]);
     T* __restrict out = out_n + (kHeadMajor ? row * m_count + head : row) * d;
     T* __restrict acc = D > 0 ? local : out;
-    const I* __restrict row0 = taps.row[0].data();
-    const I* __restrict row1 = taps.row[1].data();
-    const I* __restrict row2 = taps.row[2].data();
-    const I* __restrict row3 = taps.row[3].data();
+    const I* __restrict row0 = taps.row[0];
+    const I* __restrict row1 = taps.row[1];
+    const I* __restrict row2 = taps.row[2];
+    const I* __restrict row3 = taps.row[3];
     for (int64_t i = 0; i < lp; ++i) {
       const int64_t k0 = row0[i], k1 = row1[i], k2 = row2[i], k3 = row3[i];
       const T* r0 = kHeadMajor || k0 >= 0 ? value_n + k0 * d : zeros;
@@ -434,15 +488,130 @@ template <class T, class I, int D>
   ms_deform_attn_forward_block<T, I, D, true>(value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros);
 }
 
-// OPBRIDGE_NO_CPU_CLONES: one version, for the compiler's target (the kernel tests build each clone's code this way
-// with -mavx2 / -mavx512f / nothing, so every clone's arithmetic is tested on a CPU that has the instructions).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && \
-    !defined(OPBRIDGE_NO_CPU_CLONES)
-#define OPBRIDGE_MSDA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define OPBRIDGE_MSDA_CLONES
-#endif
+// x . y over d channels (D > 0: at compile time) in a fixed order: 64-byte chunks (kDotChunk) summed lane by lane, the
+// lanes added in a fixed tree, then the rest one by one. Written out so that no instruction set reassociates the sum.
+template <class T, int D>
+[[gnu::always_inline]] inline T ms_deform_attn_dot(const T* __restrict x, const T* __restrict y, int64_t d) {
+  using namespace msda_detail;
+  using C = typename VectorOf<T, kDotChunk<T>>::type;
+  const int64_t n = D > 0 ? D : d;
+  C lanes{};
+  int64_t k = 0;
+  for (; k + kDotChunk<T> <= n; k += kDotChunk<T>) lanes += load<C>(x + k) * load<C>(y + k);
+  T sum;
+  for (int w = kDotChunk<T> / 2; w >= 1; w /= 2) {  // a fixed tree: lane l += lane l + w
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  }
+  sum = lanes[0];
+  for (; k < n; ++k) sum += x[k] * y[k];
+  return sum;
+}
 
+// The gradients of one (image, head) for every query, in a fixed order (queries, then samples): value's rows of
+// the head (grad_value_n, accumulated), and the head's sampling_locations and attention_weights (written).
+template <class T, class I, int D>
+[[gnu::always_inline]] inline void ms_deform_attn_backward_head(const T* grad_out_n, const T* value_n, const T* loc_n,
+                                                                const T* attn_n, const MSDeformAttnShape& s,
+                                                                int64_t head, T* grad_value_n, T* grad_loc_n,
+                                                                T* grad_attn_n, MSDeformAttnTaps<T, I>& taps,
+                                                                const T* zeros, T* scratch, T* dots) {
+  using namespace msda_detail;
+  using C = typename VectorOf<T, kChunk<T>>::type;
+  const int64_t d = D > 0 ? D : s.channels, m_count = s.heads, lp = taps.count;
+  T* __restrict dot0 = dots;
+  T* __restrict dot1 = dots + lp;
+  T* __restrict dot2 = dots + 2 * lp;
+  T* __restrict dot3 = dots + 3 * lp;
+  for (int64_t q = 0; q < s.queries; ++q) {
+    const int64_t query_row = q * m_count + head;
+    if (q + kAhead < s.queries) {
+      const int64_t ahead = query_row + kAhead * m_count;
+      prefetch(loc_n + ahead * lp * 2, lp * 2 * static_cast<int64_t>(sizeof(T)));
+      prefetch(attn_n + ahead * lp, lp * static_cast<int64_t>(sizeof(T)));
+      prefetch(grad_out_n + ahead * d, d * static_cast<int64_t>(sizeof(T)));
+    }
+    const T* __restrict attn = attn_n + query_row * lp;
+    ms_deform_attn_taps(taps, loc_n + query_row * lp * 2, attn, static_cast<I>(m_count), static_cast<I>(head));
+    const T* __restrict g = grad_out_n + query_row * d;
+    for (int64_t i = 0; i < lp; ++i) {
+      const int64_t k[4] = {taps.row[0][i], taps.row[1][i], taps.row[2][i], taps.row[3][i]};  // int64: addresses
+      const T* r[4];
+      T* gr[4];
+      for (int c = 0; c < 4; ++c) {  // a corner off the map reads zeros and writes a scratch row of its own
+        r[c] = k[c] >= 0 ? value_n + k[c] * d : zeros;
+        gr[c] = k[c] >= 0 ? grad_value_n + k[c] * d : scratch + c * d;
+      }
+      // g . v_c for the four corners give every gradient but value's (zero off the map, below).
+      dot0[i] = ms_deform_attn_dot<T, D>(g, r[0], d);
+      dot1[i] = ms_deform_attn_dot<T, D>(g, r[1], d);
+      dot2[i] = ms_deform_attn_dot<T, D>(g, r[2], d);
+      dot3[i] = ms_deform_attn_dot<T, D>(g, r[3], d);
+      const T w0 = taps.weight[0][i], w1 = taps.weight[1][i], w2 = taps.weight[2][i], w3 = taps.weight[3][i];
+      T* __restrict g0 = gr[0];
+      T* __restrict g1 = gr[1];
+      T* __restrict g2 = gr[2];
+      T* __restrict g3 = gr[3];
+      int64_t c = 0;
+      for (; c + kChunk<T> <= d; c += kChunk<T>) {
+        const C gc = load<C>(g + c);
+        store(g0 + c, load<C>(g0 + c) + w0 * gc);
+        store(g1 + c, load<C>(g1 + c) + w1 * gc);
+        store(g2 + c, load<C>(g2 + c) + w2 * gc);
+        store(g3 + c, load<C>(g3 + c) + w3 * gc);
+      }
+      for (; c < d; ++c) {
+        g0[c] += w0 * g[c];
+        g1[c] += w1 * g[c];
+        g2[c] += w2 * g[c];
+        g3[c] += w3 * g[c];
+      }
+    }
+    // The samples' weight and location gradients (ms_deform_attn_sample_grads' arithmetic).
+    T* __restrict grad_loc = grad_loc_n + query_row * lp * 2;
+    T* __restrict grad_attn = grad_attn_n + query_row * lp;
+    for (int64_t i = 0; i < lp; ++i) {
+      const bool in0 = taps.row[0][i] >= 0, in1 = taps.row[1][i] >= 0, in2 = taps.row[2][i] >= 0,
+                 in3 = taps.row[3][i] >= 0;
+      // Corners off the map read zeros; an infinite gradient times those zeros would be NaN.
+      const T v0 = in0 ? dot0[i] : T(0), v1 = in1 ? dot1[i] : T(0), v2 = in2 ? dot2[i] : T(0),
+              v3 = in3 ? dot3[i] : T(0);
+      const T lx = taps.low_x[i], ly = taps.low_y[i], hx = T(1) - lx, hy = T(1) - ly, a = attn[i];
+      const T dx = hy * (v1 - v0) + ly * (v3 - v2), dy = hx * (v2 - v0) + lx * (v3 - v1);
+      if (in0 || in1 || in2 || in3) {
+        grad_attn[i] = hy * hx * v0 + hy * lx * v1 + ly * hx * v2 + ly * lx * v3;
+        grad_loc[2 * i] = a * dx * taps.width_f[i];
+        grad_loc[2 * i + 1] = a * dy * taps.height_f[i];
+      } else {
+        grad_attn[i] = grad_loc[2 * i] = grad_loc[2 * i + 1] = T(0);
+      }
+    }
+  }
+}
+
+// The task functions, by the mode of this file (see "The CPU kernels" above):
+//   OPBRIDGE_MSDA_ISA      the file of one instruction set (cpp/kernels/ms_deform_attn_isa.cc, compiled with its
+//                          flags): defined, in namespace OPBRIDGE_MSDA_ISA (msda_avx512f, msda_avx2, msda_baseline);
+//   OPBRIDGE_MSDA_DISPATCH declared in those namespaces, and called through ms_deform_attn_isa's choice;
+//   neither                defined here for this file's own target (the kernel tests build them with -mavx2,
+//                          -mavx512f and nothing, so every instruction set's arithmetic is tested).
+#define OPBRIDGE_MSDA_FORWARD_PARAMS(T, I)                                                               \
+  const T *value_n, const T *loc_n, const T *attn_n, T *out_n, const MSDeformAttnShape &s, int64_t head, \
+      int64_t first, int64_t last, MSDeformAttnTaps<T, I>*taps, const T *zeros
+#define OPBRIDGE_MSDA_FORWARD_ARGS value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros
+#define OPBRIDGE_MSDA_BACKWARD_PARAMS(T, I)                                                                         \
+  const T *grad_out_n, const T *value_n, const T *loc_n, const T *attn_n, const MSDeformAttnShape &s, int64_t head, \
+      T *grad_value_n, T *grad_loc_n, T *grad_attn_n, MSDeformAttnTaps<T, I>&taps, const T *zeros, T *scratch, T *dots
+#define OPBRIDGE_MSDA_BACKWARD_ARGS \
+  grad_out_n, value_n, loc_n, attn_n, s, head, grad_value_n, grad_loc_n, grad_attn_n, taps, zeros, scratch, dots
+#define OPBRIDGE_MSDA_FOR_TYPES(X) X(float, int32_t) X(float, int64_t) X(double, int32_t) X(double, int64_t)
+
+#if defined(OPBRIDGE_MSDA_ISA) || !defined(OPBRIDGE_MSDA_DISPATCH)
+#if defined(OPBRIDGE_MSDA_ISA)
+#define OPBRIDGE_MSDA_LINKAGE
+namespace OPBRIDGE_MSDA_ISA {
+#else
+#define OPBRIDGE_MSDA_LINKAGE [[maybe_unused]] static
+#endif
 // The task functions' bodies for D = 16, 32, 64 or any (0), by the channel count.
 #define OPBRIDGE_MSDA_BY_CHANNELS(channels, body, T, I, ...) \
   switch (channels) {                                        \
@@ -456,22 +625,87 @@ template <class T, class I, int D>
       return body<T, I, 0>(__VA_ARGS__);                     \
   }
 
-#define OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I)                                                                        \
-  [[maybe_unused]] OPBRIDGE_MSDA_CLONES static void ms_deform_attn_forward_task(                                       \
-      const T* value_n, const T* loc_n, const T* attn_n, T* out_n, const MSDeformAttnShape& s, int64_t head,           \
-      int64_t first, int64_t last, MSDeformAttnTaps<T, I>* taps, const T* zeros) {                                     \
-    if (head >= 0) {                                                                                                   \
-      OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_head_major, T, I, value_n, loc_n, attn_n, out_n, s, \
-                                head, first, last, taps, zeros)                                                        \
-    }                                                                                                                  \
-    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_query_major, T, I, value_n, loc_n, attn_n, out_n, s,  \
-                              head, first, last, taps, zeros)                                                          \
+#define OPBRIDGE_DEFINE_MSDA_TASKS(T, I)                                                                         \
+  OPBRIDGE_MSDA_LINKAGE void ms_deform_attn_forward_task(OPBRIDGE_MSDA_FORWARD_PARAMS(T, I)) {                   \
+    if (head >= 0) {                                                                                             \
+      OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_head_major, T, I, OPBRIDGE_MSDA_FORWARD_ARGS) \
+    }                                                                                                            \
+    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_query_major, T, I, OPBRIDGE_MSDA_FORWARD_ARGS)  \
+  }                                                                                                              \
+  OPBRIDGE_MSDA_LINKAGE void ms_deform_attn_backward_task(OPBRIDGE_MSDA_BACKWARD_PARAMS(T, I)) {                 \
+    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_backward_head, T, I, OPBRIDGE_MSDA_BACKWARD_ARGS)       \
   }
-OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(float, int32_t)
-OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(float, int64_t)
-OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(double, int32_t)
-OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(double, int64_t)
-#undef OPBRIDGE_DEFINE_MSDA_FORWARD_TASK
+OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DEFINE_MSDA_TASKS)
+#undef OPBRIDGE_DEFINE_MSDA_TASKS
+#undef OPBRIDGE_MSDA_BY_CHANNELS
+#undef OPBRIDGE_MSDA_LINKAGE
+#if defined(OPBRIDGE_MSDA_ISA)
+}  // namespace OPBRIDGE_MSDA_ISA
+#endif
+#endif
+
+#if defined(OPBRIDGE_MSDA_DISPATCH)
+// The instruction sets the task functions are built for, widest first.
+enum class MSDeformAttnIsa { baseline, avx2, avx512f };
+
+// The widest instruction set this CPU (and its OS) supports, at most the one named by the environment variable
+// OPBRIDGE_CPU_ISA (baseline, avx2 or avx512f: to run and time the narrower builds on a wide CPU), read once.
+inline MSDeformAttnIsa ms_deform_attn_isa() {
+  static const MSDeformAttnIsa isa = [] {
+    __builtin_cpu_init();
+    MSDeformAttnIsa found = __builtin_cpu_supports("avx512f") ? MSDeformAttnIsa::avx512f
+                            : __builtin_cpu_supports("avx2")  ? MSDeformAttnIsa::avx2
+                                                              : MSDeformAttnIsa::baseline;
+    if (const char* cap = std::getenv("OPBRIDGE_CPU_ISA")) {
+      const std::string name = cap;
+      const MSDeformAttnIsa limit = name == "baseline" ? MSDeformAttnIsa::baseline
+                                    : name == "avx2"   ? MSDeformAttnIsa::avx2
+                                                       : MSDeformAttnIsa::avx512f;
+      found = std::min(found, limit);
+    }
+    return found;
+  }();
+  return isa;
+}
+
+#define OPBRIDGE_DECLARE_MSDA_TASKS(T, I)                               \
+  void ms_deform_attn_forward_task(OPBRIDGE_MSDA_FORWARD_PARAMS(T, I)); \
+  void ms_deform_attn_backward_task(OPBRIDGE_MSDA_BACKWARD_PARAMS(T, I));
+namespace msda_avx512f {
+OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DECLARE_MSDA_TASKS)
+}
+namespace msda_avx2 {
+OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DECLARE_MSDA_TASKS)
+}
+namespace msda_baseline {
+OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DECLARE_MSDA_TASKS)
+}
+#undef OPBRIDGE_DECLARE_MSDA_TASKS
+#define OPBRIDGE_DISPATCH_MSDA_TASK(name, PARAMS, ARGS, T, I) \
+  inline void name(PARAMS(T, I)) {                            \
+    switch (ms_deform_attn_isa()) {                           \
+      case MSDeformAttnIsa::avx512f:                          \
+        return msda_avx512f::name(ARGS);                      \
+      case MSDeformAttnIsa::avx2:                             \
+        return msda_avx2::name(ARGS);                         \
+      default:                                                \
+        return msda_baseline::name(ARGS);                     \
+    }                                                         \
+  }
+#define OPBRIDGE_DISPATCH_MSDA_TASKS(T, I)                                                                           \
+  OPBRIDGE_DISPATCH_MSDA_TASK(ms_deform_attn_forward_task, OPBRIDGE_MSDA_FORWARD_PARAMS, OPBRIDGE_MSDA_FORWARD_ARGS, \
+                              T, I)                                                                                  \
+  OPBRIDGE_DISPATCH_MSDA_TASK(ms_deform_attn_backward_task, OPBRIDGE_MSDA_BACKWARD_PARAMS,                           \
+                              OPBRIDGE_MSDA_BACKWARD_ARGS, T, I)
+OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DISPATCH_MSDA_TASKS)
+#undef OPBRIDGE_DISPATCH_MSDA_TASKS
+#undef OPBRIDGE_DISPATCH_MSDA_TASK
+#endif
+#undef OPBRIDGE_MSDA_FOR_TYPES
+#undef OPBRIDGE_MSDA_FORWARD_PARAMS
+#undef OPBRIDGE_MSDA_FORWARD_ARGS
+#undef OPBRIDGE_MSDA_BACKWARD_PARAMS
+#undef OPBRIDGE_MSDA_BACKWARD_ARGS
 
 // Whether the forward runs head by head on a head-major copy of value (ms_deform_attn_forward_block): where every
 // value row is gathered many times (an encoder's self-attention: each key sampled by L * P samples of about as many
@@ -585,122 +819,6 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
     run(int64_t{});
   }
 }
-
-// x . y over d channels (D > 0: at compile time) in a fixed order: 64-byte chunks summed lane by lane, the lanes
-// added in a fixed tree, then the rest one by one. Written out so that no clone reassociates the sum.
-template <class T, int D>
-[[gnu::always_inline]] inline T ms_deform_attn_dot(const T* __restrict x, const T* __restrict y, int64_t d) {
-  using namespace msda_detail;
-  using C = typename VectorOf<T, kChunk<T>>::type;
-  const int64_t n = D > 0 ? D : d;
-  C lanes{};
-  int64_t k = 0;
-  for (; k + kChunk<T> <= n; k += kChunk<T>) lanes += load<C>(x + k) * load<C>(y + k);
-  T sum;
-  for (int w = kChunk<T> / 2; w >= 1; w /= 2) {  // a fixed tree: lane l += lane l + w
-    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-  }
-  sum = lanes[0];
-  for (; k < n; ++k) sum += x[k] * y[k];
-  return sum;
-}
-
-// The gradients of one (image, head) for every query, in a fixed order (queries, then samples): value's rows of
-// the head (grad_value_n, accumulated), and the head's sampling_locations and attention_weights (written).
-template <class T, class I, int D>
-[[gnu::always_inline]] inline void ms_deform_attn_backward_head(const T* grad_out_n, const T* value_n, const T* loc_n,
-                                                                const T* attn_n, const MSDeformAttnShape& s,
-                                                                int64_t head, T* grad_value_n, T* grad_loc_n,
-                                                                T* grad_attn_n, MSDeformAttnTaps<T, I>& taps,
-                                                                const T* zeros, T* scratch, T* dots) {
-  using namespace msda_detail;
-  using C = typename VectorOf<T, kChunk<T>>::type;
-  const int64_t d = D > 0 ? D : s.channels, m_count = s.heads, lp = taps.count;
-  T* __restrict dot0 = dots;
-  T* __restrict dot1 = dots + lp;
-  T* __restrict dot2 = dots + 2 * lp;
-  T* __restrict dot3 = dots + 3 * lp;
-  for (int64_t q = 0; q < s.queries; ++q) {
-    const int64_t query_row = q * m_count + head;
-    if (q + kAhead < s.queries) {
-      const int64_t ahead = query_row + kAhead * m_count;
-      prefetch(loc_n + ahead * lp * 2, lp * 2 * static_cast<int64_t>(sizeof(T)));
-      prefetch(attn_n + ahead * lp, lp * static_cast<int64_t>(sizeof(T)));
-      prefetch(grad_out_n + ahead * d, d * static_cast<int64_t>(sizeof(T)));
-    }
-    const T* __restrict attn = attn_n + query_row * lp;
-    ms_deform_attn_taps(taps, loc_n + query_row * lp * 2, attn, static_cast<I>(m_count), static_cast<I>(head));
-    const T* __restrict g = grad_out_n + query_row * d;
-    for (int64_t i = 0; i < lp; ++i) {
-      const int64_t k[4] = {taps.row[0][i], taps.row[1][i], taps.row[2][i], taps.row[3][i]};  // int64: addresses
-      const T* r[4];
-      T* gr[4];
-      for (int c = 0; c < 4; ++c) {  // a corner off the map reads zeros and writes a scratch row of its own
-        r[c] = k[c] >= 0 ? value_n + k[c] * d : zeros;
-        gr[c] = k[c] >= 0 ? grad_value_n + k[c] * d : scratch + c * d;
-      }
-      // g . v_c for the four corners give every gradient but value's (zero off the map, below).
-      dot0[i] = ms_deform_attn_dot<T, D>(g, r[0], d);
-      dot1[i] = ms_deform_attn_dot<T, D>(g, r[1], d);
-      dot2[i] = ms_deform_attn_dot<T, D>(g, r[2], d);
-      dot3[i] = ms_deform_attn_dot<T, D>(g, r[3], d);
-      const T w0 = taps.weight[0][i], w1 = taps.weight[1][i], w2 = taps.weight[2][i], w3 = taps.weight[3][i];
-      T* __restrict g0 = gr[0];
-      T* __restrict g1 = gr[1];
-      T* __restrict g2 = gr[2];
-      T* __restrict g3 = gr[3];
-      int64_t c = 0;
-      for (; c + kChunk<T> <= d; c += kChunk<T>) {
-        const C gc = load<C>(g + c);
-        store(g0 + c, load<C>(g0 + c) + w0 * gc);
-        store(g1 + c, load<C>(g1 + c) + w1 * gc);
-        store(g2 + c, load<C>(g2 + c) + w2 * gc);
-        store(g3 + c, load<C>(g3 + c) + w3 * gc);
-      }
-      for (; c < d; ++c) {
-        g0[c] += w0 * g[c];
-        g1[c] += w1 * g[c];
-        g2[c] += w2 * g[c];
-        g3[c] += w3 * g[c];
-      }
-    }
-    // The samples' weight and location gradients (ms_deform_attn_sample_grads' arithmetic).
-    T* __restrict grad_loc = grad_loc_n + query_row * lp * 2;
-    T* __restrict grad_attn = grad_attn_n + query_row * lp;
-    for (int64_t i = 0; i < lp; ++i) {
-      const bool in0 = taps.row[0][i] >= 0, in1 = taps.row[1][i] >= 0, in2 = taps.row[2][i] >= 0,
-                 in3 = taps.row[3][i] >= 0;
-      // Corners off the map read zeros; an infinite gradient times those zeros would be NaN.
-      const T v0 = in0 ? dot0[i] : T(0), v1 = in1 ? dot1[i] : T(0), v2 = in2 ? dot2[i] : T(0),
-              v3 = in3 ? dot3[i] : T(0);
-      const T lx = taps.low_x[i], ly = taps.low_y[i], hx = T(1) - lx, hy = T(1) - ly, a = attn[i];
-      const T dx = hy * (v1 - v0) + ly * (v3 - v2), dy = hx * (v2 - v0) + lx * (v3 - v1);
-      if (in0 || in1 || in2 || in3) {
-        grad_attn[i] = hy * hx * v0 + hy * lx * v1 + ly * hx * v2 + ly * lx * v3;
-        grad_loc[2 * i] = a * dx * taps.width_f[i];
-        grad_loc[2 * i + 1] = a * dy * taps.height_f[i];
-      } else {
-        grad_attn[i] = grad_loc[2 * i] = grad_loc[2 * i + 1] = T(0);
-      }
-    }
-  }
-}
-
-#define OPBRIDGE_DEFINE_MSDA_BACKWARD_TASK(T, I)                                                                     \
-  [[maybe_unused]] OPBRIDGE_MSDA_CLONES static void ms_deform_attn_backward_task(                                    \
-      const T* grad_out_n, const T* value_n, const T* loc_n, const T* attn_n, const MSDeformAttnShape& s,            \
-      int64_t head, T* grad_value_n, T* grad_loc_n, T* grad_attn_n, MSDeformAttnTaps<T, I>& taps, const T* zeros,    \
-      T* scratch, T* dots) {                                                                                         \
-    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_backward_head, T, I, grad_out_n, value_n, loc_n, attn_n, s, \
-                              head, grad_value_n, grad_loc_n, grad_attn_n, taps, zeros, scratch, dots)               \
-  }
-OPBRIDGE_DEFINE_MSDA_BACKWARD_TASK(float, int32_t)
-OPBRIDGE_DEFINE_MSDA_BACKWARD_TASK(float, int64_t)
-OPBRIDGE_DEFINE_MSDA_BACKWARD_TASK(double, int32_t)
-OPBRIDGE_DEFINE_MSDA_BACKWARD_TASK(double, int64_t)
-#undef OPBRIDGE_DEFINE_MSDA_BACKWARD_TASK
-#undef OPBRIDGE_MSDA_BY_CHANNELS
-#undef OPBRIDGE_MSDA_CLONES
 
 // Gradients of value [N, S, M, D] (must be zero on entry), sampling_locations and attention_weights
 // (written in full) from grad_out [N, Lq, M * D]. One task per (image, head): a task owns the
