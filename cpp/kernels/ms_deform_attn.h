@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kernels/broadcast.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/device.h"
 
 namespace opbridge::kernels {
@@ -188,10 +189,10 @@ OPBRIDGE_HD inline void ms_deform_attn_sample_grads(const MSDeformAttnSample<T>&
 // for (64 bytes with AVX-512F, 32 with AVX2, 16 baseline). The task functions (ms_deform_attn_forward_task,
 // ms_deform_attn_backward_task) are compiled once per instruction set, each in a translation unit of its own with
 // that instruction set's flags (cpp/kernels/ms_deform_attn_isa.cc, into a namespace named after it), and the one
-// the CPU runs is chosen at run time (OPBRIDGE_MSDA_DISPATCH; ms_deform_attn_isa). Not GCC's target_clones: a
+// the CPU runs is chosen at run time (kernels/cpu_isa.h: OPBRIDGE_ISA_DISPATCH, cpu_isa). Not GCC's target_clones: a
 // clone compiled for AVX-512F under a function attribute lowered the sample loop's vector comparisons one lane at a
 // time (1.4x slower than the same code built with -mavx512f), and 64-byte vectors on AVX2 went through the stack
-// (7x slower); docs/architecture.md. Without OPBRIDGE_MSDA_DISPATCH (the kernel tests, other compilers and CPUs)
+// (7x slower); docs/architecture.md. Without OPBRIDGE_ISA_DISPATCH (the kernel tests, other compilers and CPUs)
 // the task functions are compiled here for the including file's own target. Every instruction set does the same
 // operations in the same order (no fused multiply-adds: see the build flags; the one sum across lanes, the
 // backward's dot, has a fixed 64-byte width), so the results do not depend on the CPU.
@@ -589,9 +590,9 @@ template <class T, class I, int D>
 }
 
 // The task functions, by the mode of this file (see "The CPU kernels" above):
-//   OPBRIDGE_MSDA_ISA      the file of one instruction set (cpp/kernels/ms_deform_attn_isa.cc, compiled with its
-//                          flags): defined, in namespace OPBRIDGE_MSDA_ISA (msda_avx512f, msda_avx2, msda_baseline);
-//   OPBRIDGE_MSDA_DISPATCH declared in those namespaces, and called through ms_deform_attn_isa's choice;
+//   OPBRIDGE_ISA_NAMESPACE the file of one instruction set (cpp/kernels/ms_deform_attn_isa.cc, compiled with its
+//                          flags): defined, in that namespace (isa_avx512f, isa_avx2, isa_baseline);
+//   OPBRIDGE_ISA_DISPATCH  declared in those namespaces, and called through cpu_isa's choice (kernels/cpu_isa.h);
 //   neither                defined here for this file's own target (the kernel tests build them with -mavx2,
 //                          -mavx512f and nothing, so every instruction set's arithmetic is tested).
 #define OPBRIDGE_MSDA_FORWARD_PARAMS(T, I)                                                               \
@@ -605,10 +606,10 @@ template <class T, class I, int D>
   grad_out_n, value_n, loc_n, attn_n, s, head, grad_value_n, grad_loc_n, grad_attn_n, taps, zeros, scratch, dots
 #define OPBRIDGE_MSDA_FOR_TYPES(X) X(float, int32_t) X(float, int64_t) X(double, int32_t) X(double, int64_t)
 
-#if defined(OPBRIDGE_MSDA_ISA) || !defined(OPBRIDGE_MSDA_DISPATCH)
-#if defined(OPBRIDGE_MSDA_ISA)
+#if defined(OPBRIDGE_ISA_NAMESPACE) || !defined(OPBRIDGE_ISA_DISPATCH)
+#if defined(OPBRIDGE_ISA_NAMESPACE)
 #define OPBRIDGE_MSDA_LINKAGE
-namespace OPBRIDGE_MSDA_ISA {
+namespace OPBRIDGE_ISA_NAMESPACE {
 #else
 #define OPBRIDGE_MSDA_LINKAGE [[maybe_unused]] static
 #endif
@@ -639,57 +640,34 @@ OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DEFINE_MSDA_TASKS)
 #undef OPBRIDGE_DEFINE_MSDA_TASKS
 #undef OPBRIDGE_MSDA_BY_CHANNELS
 #undef OPBRIDGE_MSDA_LINKAGE
-#if defined(OPBRIDGE_MSDA_ISA)
-}  // namespace OPBRIDGE_MSDA_ISA
+#if defined(OPBRIDGE_ISA_NAMESPACE)
+}  // namespace OPBRIDGE_ISA_NAMESPACE
 #endif
 #endif
 
-#if defined(OPBRIDGE_MSDA_DISPATCH)
-// The instruction sets the task functions are built for, widest first.
-enum class MSDeformAttnIsa { baseline, avx2, avx512f };
-
-// The widest instruction set this CPU (and its OS) supports, at most the one named by the environment variable
-// OPBRIDGE_CPU_ISA (baseline, avx2 or avx512f: to run and time the narrower builds on a wide CPU), read once.
-inline MSDeformAttnIsa ms_deform_attn_isa() {
-  static const MSDeformAttnIsa isa = [] {
-    __builtin_cpu_init();
-    MSDeformAttnIsa found = __builtin_cpu_supports("avx512f") ? MSDeformAttnIsa::avx512f
-                            : __builtin_cpu_supports("avx2")  ? MSDeformAttnIsa::avx2
-                                                              : MSDeformAttnIsa::baseline;
-    if (const char* cap = std::getenv("OPBRIDGE_CPU_ISA")) {
-      const std::string name = cap;
-      const MSDeformAttnIsa limit = name == "baseline" ? MSDeformAttnIsa::baseline
-                                    : name == "avx2"   ? MSDeformAttnIsa::avx2
-                                                       : MSDeformAttnIsa::avx512f;
-      found = std::min(found, limit);
-    }
-    return found;
-  }();
-  return isa;
-}
-
+#if defined(OPBRIDGE_ISA_DISPATCH)
 #define OPBRIDGE_DECLARE_MSDA_TASKS(T, I)                               \
   void ms_deform_attn_forward_task(OPBRIDGE_MSDA_FORWARD_PARAMS(T, I)); \
   void ms_deform_attn_backward_task(OPBRIDGE_MSDA_BACKWARD_PARAMS(T, I));
-namespace msda_avx512f {
+namespace isa_avx512f {
 OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DECLARE_MSDA_TASKS)
 }
-namespace msda_avx2 {
+namespace isa_avx2 {
 OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DECLARE_MSDA_TASKS)
 }
-namespace msda_baseline {
+namespace isa_baseline {
 OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DECLARE_MSDA_TASKS)
 }
 #undef OPBRIDGE_DECLARE_MSDA_TASKS
 #define OPBRIDGE_DISPATCH_MSDA_TASK(name, PARAMS, ARGS, T, I) \
   inline void name(PARAMS(T, I)) {                            \
-    switch (ms_deform_attn_isa()) {                           \
-      case MSDeformAttnIsa::avx512f:                          \
-        return msda_avx512f::name(ARGS);                      \
-      case MSDeformAttnIsa::avx2:                             \
-        return msda_avx2::name(ARGS);                         \
+    switch (cpu_isa()) {                                      \
+      case CpuIsa::avx512f:                                   \
+        return isa_avx512f::name(ARGS);                       \
+      case CpuIsa::avx2:                                      \
+        return isa_avx2::name(ARGS);                          \
       default:                                                \
-        return msda_baseline::name(ARGS);                     \
+        return isa_baseline::name(ARGS);                      \
     }                                                         \
   }
 #define OPBRIDGE_DISPATCH_MSDA_TASKS(T, I)                                                                           \
