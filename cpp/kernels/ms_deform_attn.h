@@ -19,10 +19,10 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -32,6 +32,20 @@
 #include "kernels/device.h"
 
 namespace opbridge::kernels {
+
+// A buffer the kernels load whole vectors from, starting on a 64-byte boundary so that a 64-byte row is one cache
+// line. Large blocks from malloc start 16 bytes past a page: every 64-byte load from them then spans two lines (the
+// head-major forward of the 800x1333 encoder took 43 ms instead of 36, docs/architecture.md).
+template <class T>
+struct AlignedArray {
+  struct Free {
+    void operator()(T* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<T[], Free> data;
+  explicit AlignedArray(size_t count)
+      : data(static_cast<T*>(::operator new[](std::max<size_t>(1, count) * sizeof(T), std::align_val_t{64}))) {}
+  T* get() const { return data.get(); }
+};
 
 struct MSDeformAttnShape {
   int64_t batch = 0, keys = 0, heads = 0, channels = 0, queries = 0, levels = 0, points = 0;
@@ -301,13 +315,14 @@ struct MSDeformAttnTaps {
   MSDeformAttnTaps(const MSDeformAttnTaps&) = delete;
   MSDeformAttnTaps& operator=(const MSDeformAttnTaps&) = delete;
   MSDeformAttnTaps(MSDeformAttnTaps&&) = default;  // the storage's buffers move with it: the pointers stay valid
-  explicit MSDeformAttnTaps(const MSDeformAttnShape& s, const int64_t* spatial_shapes, const int64_t* level_start) {
-    count = s.levels * s.points;
-    padded = (count + msda_detail::kMaxLanes - 1) / msda_detail::kMaxLanes * msda_detail::kMaxLanes;
+  explicit MSDeformAttnTaps(const MSDeformAttnShape& s, const int64_t* spatial_shapes, const int64_t* level_start)
+      : count(s.levels * s.points),
+        padded((count + msda_detail::kMaxLanes - 1) / msda_detail::kMaxLanes * msda_detail::kMaxLanes),
+        reals_(static_cast<size_t>(11 * padded)),
+        integers_(static_cast<size_t>(7 * padded)) {
     const auto n = static_cast<size_t>(padded);
-    reals_.resize(11 * n), integers_.resize(7 * n);
-    T* r = reals_.data();
-    I* k = integers_.data();
+    T* r = reals_.get();
+    I* k = integers_.get();
     for (int c = 0; c < 4; ++c) {
       row[c] = k + c * n, std::fill_n(row[c], n, I(-1));
       weight[c] = r + c * n, std::fill_n(weight[c], n, T(0));
@@ -330,8 +345,8 @@ struct MSDeformAttnTaps {
   }
 
  private:
-  std::vector<T> reals_;
-  std::vector<I> integers_;
+  AlignedArray<T> reals_;
+  AlignedArray<I> integers_;
 };
 
 // Whether int32_t rows serve: every row index key * M + m below 2^31 (then so are the sizes and starts).
@@ -702,8 +717,10 @@ void ms_deform_attn_transpose_value(const T* value_n, T* value_t, const MSDeform
                                     int64_t last) {
   const int64_t d = s.channels, m_count = s.heads;
   for (int64_t key = first; key < last; ++key) {
-    for (int64_t m = 0; m < m_count; ++m) {
-      std::memcpy(value_t + (m * (s.keys + 1) + key) * d, value_n + (key * m_count + m) * d, sizeof(T) * d);
+    for (int64_t m = 0; m < m_count; ++m) {  // a loop the compiler vectorizes: no call per row
+      T* __restrict to = value_t + (m * (s.keys + 1) + key) * d;
+      const T* __restrict from = value_n + (key * m_count + m) * d;
+      for (int64_t k = 0; k < d; ++k) to[k] = from[k];
     }
   }
   if (last == s.keys) {
@@ -738,7 +755,8 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
                     const T* sampling_locations, const T* attention_weights, T* out, const MSDeformAttnShape& s,
                     ParallelFor&& parallel_for, MSDeformAttnOrder order = MSDeformAttnOrder::automatic) {
   const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
-  const std::vector<T> zeros(static_cast<size_t>(d), T(0));
+  const AlignedArray<T> zeros(static_cast<size_t>(d));
+  std::fill_n(zeros.get(), d, T(0));
   const int64_t kBlockBytes = OPBRIDGE_MSDA_BLOCK_BYTES;
   const bool head_major =
       order == MSDeformAttnOrder::automatic ? ms_deform_attn_head_major(s) : order == MSDeformAttnOrder::head_major;
@@ -757,7 +775,7 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
         auto taps = taps_pair();
         ms_deform_attn_forward_task(value + n * s.keys * m_count * d, sampling_locations + rows * lp * 2,
                                     attention_weights + rows * lp, out + rows * d, s, int64_t(-1), first * m_count,
-                                    last * m_count, taps.data(), zeros.data());
+                                    last * m_count, taps.data(), zeros.get());
       });
       return;
     }
@@ -768,7 +786,7 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
     const int64_t block =
         std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(1, sizeof(T) * m_count * lp * 3), 1, 1024);
     const int64_t blocks = (s.queries + block - 1) / block;
-    std::unique_ptr<T[]> value_t(new T[static_cast<size_t>(m_count * (s.keys + 1) * d)]);
+    const AlignedArray<T> value_t(static_cast<size_t>(m_count * (s.keys + 1) * d));
     for (int64_t n = 0; n < s.batch; ++n) {
       const int64_t rows = n * s.queries * m_count;
       parallel_for(copies, [&](int64_t task) {
@@ -777,8 +795,8 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
       });
       parallel_for(blocks, [&](int64_t task) {
         const int64_t first = task * block, last = std::min(s.queries, first + block), count = last - first;
-        std::vector<T> inputs(static_cast<size_t>(m_count * count * lp * 3));
-        T* loc_t = inputs.data();
+        const AlignedArray<T> inputs(static_cast<size_t>(m_count * count * lp * 3));
+        T* loc_t = inputs.get();
         T* attn_t = loc_t + m_count * count * lp * 2;
         ms_deform_attn_transpose_queries(sampling_locations + rows * lp * 2, attention_weights + rows * lp, loc_t,
                                          attn_t, s, first, last);
@@ -786,7 +804,7 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
         for (int64_t m = 0; m < m_count; ++m) {
           ms_deform_attn_forward_task(value_t.get() + m * (s.keys + 1) * d, loc_t + m * count * lp * 2 - first * lp * 2,
                                       attn_t + m * count * lp - first * lp, out + rows * d, s, m, first, last,
-                                      taps.data(), zeros.data());
+                                      taps.data(), zeros.get());
         }
       });
     }
@@ -808,7 +826,8 @@ void ms_deform_attn_backward(const T* grad_out, const T* value, const int64_t* s
                              const MSDeformAttnShape& s, T* grad_value, T* grad_sampling_locations,
                              T* grad_attention_weights, ParallelFor&& parallel_for) {
   const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
-  const std::vector<T> zeros(static_cast<size_t>(d), T(0));
+  const AlignedArray<T> zeros(static_cast<size_t>(d));
+  std::fill_n(zeros.get(), d, T(0));
   auto run = [&](auto index) {
     using I = decltype(index);
     parallel_for(s.batch * m_count, [&](int64_t task) {
@@ -821,7 +840,7 @@ void ms_deform_attn_backward(const T* grad_out, const T* value, const int64_t* s
       ms_deform_attn_backward_task(grad_out + rows * d, value + values, sampling_locations + rows * lp * 2,
                                    attention_weights + rows * lp, s, head, grad_value + values,
                                    grad_sampling_locations + rows * lp * 2, grad_attention_weights + rows * lp, taps,
-                                   zeros.data(), scratch.data(), dots.data());
+                                   zeros.get(), scratch.data(), dots.data());
     });
   };
   if (ms_deform_attn_rows_fit_int32(s)) {
