@@ -375,14 +375,22 @@ struct MSDeformAttnTaps {
 inline bool ms_deform_attn_rows_fit_int32(const MSDeformAttnShape& s) {
   return s.keys * std::max<int64_t>(1, s.heads) < (int64_t(1) << 31);
 }
+// Whether int32_t serves the forward, whose taps hold element offsets (key * M + m) * D, with room for the corners
+// one row and column past the map that are computed before they are masked.
+inline bool ms_deform_attn_offsets_fit_int32(const MSDeformAttnShape& s) {
+  return (2 * s.keys + 2) * std::max<int64_t>(1, s.heads) * std::max<int64_t>(1, s.channels) < (int64_t(1) << 31);
+}
 
 // Fills `taps` for one (query, head) from loc [L * P, 2] and attn [L * P] of that query and head: the arithmetic of
-// ms_deform_attn_sample, 16 samples at a time. A corner is row (key * heads + head) of value, or `off_map` where it
-// lies off the map (-1: the caller reads zeros instead; the head-major forward's row of zeros). kFractions: also
+// ms_deform_attn_sample, 16 samples at a time. A corner is row (key * heads + head) of value times `stride` (1: a
+// row index, the backward's; D: the offset of its first element, the forward's: no multiply per corner in the sample
+// loop), or `off_map` where it lies off the map (-1: the caller reads zeros instead; the head-major forward's row of
+// zeros). kFractions: also
 // the fractions of x and y (the backward's).
 template <class T, class I, bool kFractions = true>
 [[gnu::always_inline]] inline void ms_deform_attn_taps(MSDeformAttnTaps<T, I>& taps, const T* __restrict loc,
-                                                       const T* __restrict attn, I heads, I head, I off_map = I(-1)) {
+                                                       const T* __restrict attn, I heads, I head, I off_map = I(-1),
+                                                       I stride = I(1)) {
   using namespace msda_detail;
   using V = typename VectorOf<T, kLanes>::type;
   using IV = typename VectorOf<I, kLanes>::type;
@@ -415,8 +423,8 @@ template <class T, class I, bool kFractions = true>
     const V hx = T(1) - lx, hy = T(1) - ly;
     const IV top = any & (y0 >= 0), bottom = any & (y0 + 1 < height), left = x0 >= 0, right = x0 + 1 < width;
     const IV in0 = top & left, in1 = top & right, in2 = bottom & left, in3 = bottom & right;
-    const IV r0 = ((load<IV>(&taps.start[i]) + y0 * width + x0) * heads) + head, r1 = r0 + heads;
-    const IV r2 = r0 + width * heads, r3 = r2 + heads;
+    const IV r0 = (((load<IV>(&taps.start[i]) + y0 * width + x0) * heads) + head) * stride, r1 = r0 + heads * stride;
+    const IV r2 = r0 + width * (heads * stride), r3 = r2 + heads * stride;
     if constexpr (kFractions) store(&taps.low_x[i], lx), store(&taps.low_y[i], ly);
     const V p0 = a * (hy * hx), p1 = a * (hy * lx), p2 = a * (ly * hx), p3 = a * (ly * lx);
     const MV m0 = __builtin_convertvector(in0, MV), m1 = __builtin_convertvector(in1, MV);
@@ -473,10 +481,10 @@ template <class T, class I, int D, bool kHeadMajor>
   auto prepare = [&](int64_t row, MSDeformAttnTaps<T, I>& taps) __attribute__((always_inline)) {
     if constexpr (kHeadMajor) {
       ms_deform_attn_taps<T, I, false>(taps, loc_n + row * lp * 2, attn_n + row * lp, I(1), I(0),
-                                       static_cast<I>(s.keys));
+                                       static_cast<I>(s.keys * d), static_cast<I>(d));
     } else {
       ms_deform_attn_taps<T, I, false>(taps, loc_n + row * lp * 2, attn_n + row * lp, static_cast<I>(m_count),
-                                       static_cast<I>(row % m_count));
+                                       static_cast<I>(row % m_count), I(-1), static_cast<I>(d));
     }
   };
   if (first < last) prepare(first, taps_pair[0]);
@@ -493,10 +501,10 @@ template <class T, class I, int D, bool kHeadMajor>
     // weights the compiler broadcasts straight from memory).
     auto blend = [&](int64_t i, auto add) __attribute__((always_inline)) {
       const int64_t k0 = row0[i], k1 = row1[i], k2 = row2[i], k3 = row3[i];
-      const T* r0 = kHeadMajor || k0 >= 0 ? value_n + k0 * d : zeros;
-      const T* r1 = kHeadMajor || k1 >= 0 ? value_n + k1 * d : zeros;
-      const T* r2 = kHeadMajor || k2 >= 0 ? value_n + k2 * d : zeros;
-      const T* r3 = kHeadMajor || k3 >= 0 ? value_n + k3 * d : zeros;
+      const T* r0 = kHeadMajor || k0 >= 0 ? value_n + k0 : zeros;
+      const T* r1 = kHeadMajor || k1 >= 0 ? value_n + k1 : zeros;
+      const T* r2 = kHeadMajor || k2 >= 0 ? value_n + k2 : zeros;
+      const T* r3 = kHeadMajor || k3 >= 0 ? value_n + k3 : zeros;
       ms_deform_attn_blend<T, D, decltype(add)::value>(acc, r0, r1, r2, r3, taps.weight[0][i], taps.weight[1][i],
                                                        taps.weight[2][i], taps.weight[3][i], d);
     };
@@ -836,7 +844,7 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
       });
     }
   };
-  if (ms_deform_attn_rows_fit_int32(s)) {
+  if (ms_deform_attn_offsets_fit_int32(s)) {
     run(int32_t{});
   } else {
     run(int64_t{});
