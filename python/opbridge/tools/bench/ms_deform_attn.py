@@ -220,6 +220,16 @@ def forward_order(queries: int, heads: int, samples: int) -> np.ndarray:
     return np.concatenate(order)
 
 
+def aligned(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `array` starting on a 64-byte boundary, as the kernels' own buffers do: NumPy's large
+    arrays start 16 bytes past one, and a roofline whose 64-byte row loads each span two cache lines is no bound."""
+    buffer = np.empty(array.nbytes + 64, np.uint8)
+    start = -buffer.ctypes.data % 64
+    out = buffer[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
 def roofline_paths(bench: Bench, record, threads: int, inputs, want: np.ndarray, grad_out: np.ndarray) -> None:
     """Times the forward's and the backward's roofline (cpp/bench/gather_roofline.cpp), each checked first: the
     forward against the op's output, the backward's gradient of value against torch's autograd of the reference."""
@@ -235,13 +245,13 @@ def roofline_paths(bench: Bench, record, threads: int, inputs, want: np.ndarray,
     queries = inputs[3].shape[1]
     # The forward's order (cpp/kernels/ms_deform_attn.h, head-major on these encoders): value copied head by head,
     # blocks of queries, each block's queries one head after the other.
-    value_t = np.ascontiguousarray(value[0].transpose(1, 0, 2))
+    value_t = aligned(value[0].transpose(1, 0, 2))
     rows, weights = corner_table(inputs, head_major=False, value_head_major=True)
     groups, taps = queries * heads, rows.shape[-1]
     order = forward_order(queries, heads, taps // 4)
-    rows = np.ascontiguousarray(rows.reshape(groups, taps)[order])
-    weights = np.ascontiguousarray(weights.reshape(groups, taps)[order])
-    out = np.empty((groups, channels), np.float32)
+    rows = aligned(rows.reshape(groups, taps)[order])
+    weights = aligned(weights.reshape(groups, taps)[order])
+    out = aligned(np.empty((groups, channels), np.float32))
 
     def forward():
         status = helpers.opbridge_bench_gather_forward(
@@ -257,10 +267,10 @@ def roofline_paths(bench: Bench, record, threads: int, inputs, want: np.ndarray,
     in_query_order[order] = out
     check_close("roofline", in_query_order.reshape(want.shape), want, 1e-4, 1e-4)
     record(threads, "roofline", forward, "gathers and multiply-adds alone, from a table")
-    rows_b, weights_b = corner_table(inputs, head_major=True)
-    grad = np.ascontiguousarray(grad_out.reshape(queries, heads, channels).transpose(1, 0, 2))
-    grad_value = np.zeros((keys, heads, channels), np.float32)
-    dots = np.empty(rows_b.shape, np.float32)
+    rows_b, weights_b = (aligned(a) for a in corner_table(inputs, head_major=True))
+    grad = aligned(grad_out.reshape(queries, heads, channels).transpose(1, 0, 2))
+    grad_value = aligned(np.zeros((keys, heads, channels), np.float32))
+    dots = aligned(np.empty(rows_b.shape, np.float32))
 
     def backward():
         grad_value.fill(0.0)
