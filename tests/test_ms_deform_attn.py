@@ -320,6 +320,20 @@ def test_every_instruction_set_gives_the_same_bits(tmp_path):
             assert got.tobytes() == want.tobytes(), f"{key}: {isa} differs from avx512f (max abs difference {error})"
 
 
+def test_an_unknown_instruction_set_cap_is_named_and_ignored():
+    """OPBRIDGE_CPU_ISA with a value that is no instruction set says so on stderr (once) and caps nothing."""
+    script = (
+        "import torch, opbridge\n"
+        "from opbridge.ops.ms_deform_attn import sample_inputs, reference\n"
+        "args = sample_inputs(torch.float64, 2)\n"
+        "torch.testing.assert_close(opbridge.ms_deform_attn(*args), reference(*args))\n"
+        "opbridge.ms_deform_attn(*args)\n"
+    )
+    env = dict(os.environ, OPBRIDGE_CPU_ISA="AVX-2")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stderr.count("OPBRIDGE_CPU_ISA=AVX-2 is not one of baseline, avx2, avx512f") == 1, done.stderr
+
+
 @pytest.mark.parametrize(
     ("change", "words"),
     [

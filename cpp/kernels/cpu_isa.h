@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -25,6 +26,11 @@ inline CpuIsa cpu_isa() {
                    : __builtin_cpu_supports("avx2")  ? CpuIsa::avx2
                                                      : CpuIsa::baseline;
     if (const char* cap = std::getenv("OPBRIDGE_CPU_ISA")) {
+      const bool known =
+          std::strcmp(cap, "baseline") == 0 || std::strcmp(cap, "avx2") == 0 || std::strcmp(cap, "avx512f") == 0;
+      if (!known) {  // a misspelt cap would otherwise time the widest build while claiming to time another
+        std::fprintf(stderr, "opbridge: OPBRIDGE_CPU_ISA=%s is not one of baseline, avx2, avx512f; ignored\n", cap);
+      }
       const CpuIsa limit = std::strcmp(cap, "baseline") == 0 ? CpuIsa::baseline
                            : std::strcmp(cap, "avx2") == 0   ? CpuIsa::avx2
                                                              : CpuIsa::avx512f;
