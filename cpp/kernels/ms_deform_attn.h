@@ -28,7 +28,7 @@
 #include <vector>
 
 #if defined(__SSE2__) && !defined(__CUDACC__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 #include "kernels/broadcast.h"
@@ -293,28 +293,35 @@ struct EvenLanes<MV, 4> {
   static constexpr MV value = {0, 2, 4, 6};
 };
 
-// Copies `bytes` bytes to `to` with stores that bypass the cache (x86: 16-byte non-temporal stores, which write
-// whole lines without first reading them from memory), for output that this kernel does not read back. The head-major
-// forward's output: 800x1333 encoder 36.6 -> 33.9 ms, 512x512 6.2 -> 5.2 ms (1 thread), docs/architecture.md.
-inline void copy_streaming(void* to, const void* from, int64_t bytes) {
-  char* __restrict out = static_cast<char*>(to);
-  const char* __restrict in = static_cast<const char*>(from);
-  int64_t b = 0;
-#if defined(__SSE2__) && !defined(__CUDACC__)
-  if ((reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(in)) % 16 == 0) {
-    for (; b + 16 <= bytes; b += 16) {
-      _mm_stream_si128(reinterpret_cast<__m128i*>(out + b), _mm_load_si128(reinterpret_cast<const __m128i*>(in + b)));
-    }
-    _mm_sfence();  // the stores are weakly ordered: done before the caller's threads are joined
-  }
-#endif
-  std::memcpy(out + b, in + b, static_cast<size_t>(bytes - b));
-}
-
 // Prefetches [p, p + bytes) into the cache.
 [[gnu::always_inline]] inline void prefetch(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
+}
+
+// Stores one register to `to` (aligned to its size) with a store that bypasses the cache where the instruction set
+// has one (x86: non-temporal stores, which write whole lines without first reading them from memory): the head-major
+// forward's output rows, which lie M rows apart and which it never reads back. Without them every row's first store
+// waited for its line from memory (800x1333 encoder: 36.6 -> 33.9 ms at 1 thread, docs/architecture.md).
+template <class C, class T>
+[[gnu::always_inline]] inline void store_streaming(T* to, const C& v) {
+#if defined(__AVX512F__) && !defined(__CUDACC__)
+  if constexpr (sizeof(C) == 64) return _mm512_stream_si512(reinterpret_cast<__m512i*>(to), (__m512i)v);
+#endif
+#if defined(__AVX__) && !defined(__CUDACC__)
+  if constexpr (sizeof(C) == 32) return _mm256_stream_si256(reinterpret_cast<__m256i*>(to), (__m256i)v);
+#endif
+#if defined(__SSE2__) && !defined(__CUDACC__)
+  if constexpr (sizeof(C) == 16) return _mm_stream_si128(reinterpret_cast<__m128i*>(to), (__m128i)v);
+#endif
+  store(to, v);
+}
+
+// Orders the streaming stores before anything that follows (the caller's threads are joined after the tasks).
+[[gnu::always_inline]] inline void fence_streaming() {
+#if defined(__SSE2__) && !defined(__CUDACC__)
+  _mm_sfence();
+#endif
 }
 
 }  // namespace msda_detail
@@ -477,6 +484,9 @@ template <class T, class I, int D, bool kHeadMajor>
                                                                 MSDeformAttnTaps<T, I>* taps_pair, const T* zeros) {
   const int64_t d = D > 0 ? D : s.channels, m_count = s.heads, lp = taps_pair[0].count;
   alignas(64) T local[D > 0 ? D : 1];  // the accumulator, in registers when D is known
+  // Head-major, out's rows (M rows apart) are written with streaming stores where every row starts on a register.
+  const bool stream = kHeadMajor && D > 0 && D * sizeof(T) % msda_detail::kVectorBytes == 0 &&
+                      reinterpret_cast<uintptr_t>(out_n) % msda_detail::kVectorBytes == 0;
   // Forced inline, as every helper here: the code must be compiled in the task function, with its instruction set.
   auto prepare = [&](int64_t row, MSDeformAttnTaps<T, I>& taps) __attribute__((always_inline)) {
     if constexpr (kHeadMajor) {
@@ -513,10 +523,15 @@ template <class T, class I, int D, bool kHeadMajor>
     if (lp == 0) {
       for (int64_t k = 0; k < d; ++k) acc[k] = T(0);
     }
-    if (D > 0) {
+    if (D > 0 && stream) {
+      using C = typename msda_detail::VectorOf<T, msda_detail::kChunk<T>>::type;
+      for (int64_t k = 0; k < d; k += msda_detail::kChunk<T>)
+        msda_detail::store_streaming(out + k, msda_detail::load<C>(acc + k));
+    } else if (D > 0) {
       for (int64_t k = 0; k < d; ++k) out[k] = acc[k];
     }
   }
+  if (stream) msda_detail::fence_streaming();
 }
 
 template <class T, class I, int D>
@@ -759,27 +774,90 @@ void ms_deform_attn_transpose_value(const T* value_n, T* value_t, const MSDeform
 }
 
 // Queries [first, last)'s sampling_locations [Lq, M, L * P * 2] and attention_weights [Lq, M, L * P] of one image,
-// head by head: loc_t [M, last - first, L * P * 2], attn_t [M, last - first, L * P].
+// head by head: loc_t [M, total, L * P * 2], attn_t [M, total, L * P], query q at q - origin of its head.
 template <class T>
 void ms_deform_attn_transpose_queries(const T* loc_n, const T* attn_n, T* loc_t, T* attn_t, const MSDeformAttnShape& s,
-                                      int64_t first, int64_t last) {
-  const int64_t m_count = s.heads, lp = s.levels * s.points, count = last - first;
+                                      int64_t first, int64_t last, int64_t total, int64_t origin) {
+  const int64_t m_count = s.heads, lp = s.levels * s.points;
   for (int64_t q = first; q < last; ++q) {
     for (int64_t m = 0; m < m_count; ++m) {
-      std::memcpy(loc_t + (m * count + q - first) * lp * 2, loc_n + (q * m_count + m) * lp * 2, sizeof(T) * lp * 2);
-      std::memcpy(attn_t + (m * count + q - first) * lp, attn_n + (q * m_count + m) * lp, sizeof(T) * lp);
+      const int64_t to = m * total + q - origin;
+      std::memcpy(loc_t + to * lp * 2, loc_n + (q * m_count + m) * lp * 2, sizeof(T) * lp * 2);
+      std::memcpy(attn_t + to * lp, attn_n + (q * m_count + m) * lp, sizeof(T) * lp);
     }
   }
 }
 
+// Whether the head-major forward runs each head over every query (MSDeformAttnOrder::head_passes), on head-major
+// copies of the image's inputs: where value's head-major copy is larger than the caches keep between two blocks of
+// queries. Block by block (MSDeformAttnOrder::head_major), the eight heads' neighbourhoods of each block take turns
+// in the cache and every block fetches its neighbourhood's rows again, from memory once value no longer fits: the
+// 800x1333 encoder (value 23 MB) took 36 ms block by block, 31 ms head by head; the 512x512 one (5.6 MB) 5.4 ms block
+// by block, 5.7 ms head by head (1 thread, docs/architecture.md).
+inline bool ms_deform_attn_head_passes(const MSDeformAttnShape& s, size_t value_bytes) {
+  return static_cast<size_t>(s.heads * (s.keys + 1) * s.channels) * value_bytes >= (size_t(12) << 20);
+}
+
+// Scratch memory a thread's calls reuse: the head-major copies of value and of the inputs (57 MB for the 800x1333
+// encoder), which, allocated afresh, the system maps page by page on every call (19 ms of page faults in a 31 ms
+// forward). Kept by the calling thread up to kMaxBytes (larger requests get memory of their own), for the life of the
+// thread; a call made while the thread's scratch is in use (a nested call) gets its own.
+class MSDeformAttnScratch {
+ public:
+  static constexpr size_t kMaxBytes = size_t(512) << 20;
+  explicit MSDeformAttnScratch(size_t bytes) {
+    Cache& cache = cache_of_thread();
+    if (bytes > kMaxBytes || cache.in_use) {
+      own_ = AlignedArray<unsigned char>(bytes);
+      data_ = own_.get();
+      return;
+    }
+    if (cache.bytes < bytes) {
+      cache.data = AlignedArray<unsigned char>(0);  // the old block first: never both at once
+      cache.data = AlignedArray<unsigned char>(bytes);
+      cache.bytes = bytes;
+    }
+    cache.in_use = true;
+    cache_ = &cache;
+    data_ = cache.data.get();
+  }
+  ~MSDeformAttnScratch() {
+    if (cache_ != nullptr) cache_->in_use = false;
+  }
+  MSDeformAttnScratch(const MSDeformAttnScratch&) = delete;
+  MSDeformAttnScratch& operator=(const MSDeformAttnScratch&) = delete;
+  template <class T>
+  T* get() const {
+    return reinterpret_cast<T*>(data_);
+  }
+
+ private:
+  struct Cache {
+    AlignedArray<unsigned char> data{0};
+    size_t bytes = 0;
+    bool in_use = false;
+  };
+  static Cache& cache_of_thread() {
+    static thread_local Cache cache;
+    return cache;
+  }
+  AlignedArray<unsigned char> own_{0};
+  Cache* cache_ = nullptr;
+  unsigned char* data_ = nullptr;
+};
+
 // out [N, Lq, M * D]. spatial_shapes and level_start_index as checked by check_ms_deform_attn.
-// parallel_for(tasks, task) runs task(0..tasks-1), in any order and on any threads. Tasks are (image, block of
-// queries), or, head-major (ms_deform_attn_head_major unless `order` says otherwise: the tests run both), the copies
-// of each image's inputs and then (head, block of queries). Both orders give the same bits.
+// parallel_for(tasks, task) runs task(0..tasks-1), in any order and on any threads. The orders (automatic: by
+// ms_deform_attn_head_major and ms_deform_attn_head_passes; the tests run each), which all give the same bits:
+//   query_major  tasks of (image, block of queries), in the inputs' order;
+//   head_major   per image, value's head-major copy, then tasks of one block of queries, which copy their inputs
+//                head-major (a few hundred KiB, in L2) and run the block one head after the other;
+//   head_passes  per image, head-major copies of value and of all the inputs, then tasks of (head, block of queries),
+//                head by head.
 #ifndef OPBRIDGE_MSDA_BLOCK_BYTES
 #define OPBRIDGE_MSDA_BLOCK_BYTES (256 << 10)
 #endif
-enum class MSDeformAttnOrder { automatic, query_major, head_major };
+enum class MSDeformAttnOrder { automatic, query_major, head_major, head_passes };
 template <class T, class ParallelFor>
 void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
                     const T* sampling_locations, const T* attention_weights, T* out, const MSDeformAttnShape& s,
@@ -788,15 +866,18 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
   const AlignedArray<T> zeros(static_cast<size_t>(d));
   std::fill_n(zeros.get(), d, T(0));
   const int64_t kBlockBytes = OPBRIDGE_MSDA_BLOCK_BYTES;
-  const bool head_major =
-      order == MSDeformAttnOrder::automatic ? ms_deform_attn_head_major(s) : order == MSDeformAttnOrder::head_major;
+  if (order == MSDeformAttnOrder::automatic) {
+    order = !ms_deform_attn_head_major(s)              ? MSDeformAttnOrder::query_major
+            : ms_deform_attn_head_passes(s, sizeof(T)) ? MSDeformAttnOrder::head_passes
+                                                       : MSDeformAttnOrder::head_major;
+  }
   auto run = [&](auto index) {
     using I = decltype(index);
     auto taps_pair = [&] {
       return std::array<MSDeformAttnTaps<T, I>, 2>{MSDeformAttnTaps<T, I>(s, spatial_shapes, level_start_index),
                                                    MSDeformAttnTaps<T, I>(s, spatial_shapes, level_start_index)};
     };
-    if (!head_major) {
+    if (order == MSDeformAttnOrder::query_major) {
       const int64_t block = ms_deform_attn_block_queries(s);
       const int64_t blocks = (s.queries + block - 1) / block;
       parallel_for(s.batch * blocks, [&](int64_t task) {
@@ -809,38 +890,54 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
       });
       return;
     }
-    // Head by head: value's head-major copy, then blocks of queries, each copying its inputs head-major (a few
-    // hundred KiB, in L2) and running its queries one head after the other.
+    const bool passes = order == MSDeformAttnOrder::head_passes;
     const int64_t copy_block = 256, copies = std::max<int64_t>(
                                         1, (s.keys + copy_block - 1) / copy_block);  // 1: the zero rows of an empty map
+    // head_major: queries per task (their inputs a few hundred KiB); head_passes: per task of one head.
     const int64_t block =
-        std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(1, sizeof(T) * m_count * lp * 3), 1, 1024);
+        passes ? 1024 : std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(1, sizeof(T) * m_count * lp * 3), 1, 1024);
     const int64_t blocks = (s.queries + block - 1) / block;
-    const AlignedArray<T> value_t(static_cast<size_t>(m_count * (s.keys + 1) * d));
+    const int64_t value_count = m_count * (s.keys + 1) * d, inputs_count = passes ? m_count * s.queries * lp * 3 : 0;
+    const MSDeformAttnScratch scratch(sizeof(T) * static_cast<size_t>(value_count + inputs_count));
+    T* value_t = scratch.get<T>();
+    T* loc_all = value_t + value_count;  // head_passes: [M, Lq, L * P * 2], then attention_weights [M, Lq, L * P]
+    T* attn_all = loc_all + m_count * s.queries * lp * 2;
     for (int64_t n = 0; n < s.batch; ++n) {
       const int64_t rows = n * s.queries * m_count;
-      parallel_for(copies, [&](int64_t task) {
-        ms_deform_attn_transpose_value(value + n * s.keys * m_count * d, value_t.get(), s, task * copy_block,
-                                       std::min(s.keys, (task + 1) * copy_block));
+      const T* loc_n = sampling_locations + rows * lp * 2;
+      const T* attn_n = attention_weights + rows * lp;
+      // The copies of value (and head_passes: of the inputs, one block of queries a task).
+      parallel_for(copies + (passes ? blocks : 0), [&](int64_t task) {
+        if (task < copies) {
+          return ms_deform_attn_transpose_value(value + n * s.keys * m_count * d, value_t, s, task * copy_block,
+                                                std::min(s.keys, (task + 1) * copy_block));
+        }
+        const int64_t first = (task - copies) * block;
+        ms_deform_attn_transpose_queries(loc_n, attn_n, loc_all, attn_all, s, first, std::min(s.queries, first + block),
+                                         s.queries, int64_t(0));
       });
+      if (passes) {
+        parallel_for(m_count * blocks, [&](int64_t task) {
+          const int64_t m = task / blocks, first = task % blocks * block, last = std::min(s.queries, first + block);
+          auto taps = taps_pair();
+          ms_deform_attn_forward_task(value_t + m * (s.keys + 1) * d, loc_all + m * s.queries * lp * 2,
+                                      attn_all + m * s.queries * lp, out + rows * d, s, m, first, last, taps.data(),
+                                      zeros.get());
+        });
+        continue;
+      }
       parallel_for(blocks, [&](int64_t task) {
         const int64_t first = task * block, last = std::min(s.queries, first + block), count = last - first;
-        // The block's inputs, head-major, and its output, which stays in cache until it is copied out whole: head
-        // by head, out's rows lie M rows apart, and every row's first store would wait for its line from memory.
-        const AlignedArray<T> work(static_cast<size_t>(m_count * count * (lp * 3 + d)));
+        const AlignedArray<T> work(static_cast<size_t>(m_count * count * lp * 3));
         T* loc_t = work.get();
         T* attn_t = loc_t + m_count * count * lp * 2;
-        T* out_t = attn_t + m_count * count * lp;
-        ms_deform_attn_transpose_queries(sampling_locations + rows * lp * 2, attention_weights + rows * lp, loc_t,
-                                         attn_t, s, first, last);
+        ms_deform_attn_transpose_queries(loc_n, attn_n, loc_t, attn_t, s, first, last, count, first);
         auto taps = taps_pair();
         for (int64_t m = 0; m < m_count; ++m) {
-          ms_deform_attn_forward_task(value_t.get() + m * (s.keys + 1) * d, loc_t + m * count * lp * 2 - first * lp * 2,
-                                      attn_t + m * count * lp - first * lp, out_t - first * m_count * d, s, m, first,
-                                      last, taps.data(), zeros.get());
+          ms_deform_attn_forward_task(value_t + m * (s.keys + 1) * d, loc_t + (m * count - first) * lp * 2,
+                                      attn_t + (m * count - first) * lp, out + rows * d, s, m, first, last, taps.data(),
+                                      zeros.get());
         }
-        msda_detail::copy_streaming(out + (rows + first * m_count) * d, out_t,
-                                    static_cast<int64_t>(sizeof(T)) * count * m_count * d);
       });
     }
   };

@@ -73,7 +73,7 @@ std::vector<double> forward(const Case& c, MSDeformAttnOrder order = MSDeformAtt
 }
 
 void test_forward_direct() {
-  for (auto order : {MSDeformAttnOrder::query_major, MSDeformAttnOrder::head_major}) {
+  for (auto order : {MSDeformAttnOrder::query_major, MSDeformAttnOrder::head_major, MSDeformAttnOrder::head_passes}) {
     const Case c(1);
     const auto out = forward(c, order);
     double worst = 0;
@@ -84,9 +84,11 @@ void test_forward_direct() {
             const double got = out[((n * c.s.queries + q) * c.s.heads + m) * c.s.channels + d];
             worst = std::max(worst, std::abs(got - direct(c, n, q, m, d)));
           }
-    expect(worst < 1e-12, std::string("ms_deform_attn forward (") +
-                              (order == MSDeformAttnOrder::head_major ? "head" : "query") +
-                              "-major) matches the direct evaluation (max error " + std::to_string(worst) + ")");
+    const char* name = order == MSDeformAttnOrder::head_major    ? "head-major"
+                       : order == MSDeformAttnOrder::head_passes ? "head passes"
+                                                                 : "query-major";
+    expect(worst < 1e-12, std::string("ms_deform_attn forward (") + name +
+                              ") matches the direct evaluation (max error " + std::to_string(worst) + ")");
   }
 }
 
@@ -111,15 +113,24 @@ void test_orders_agree() {
       for (auto& x : attn) x = normal(rng);
       loc[3] = NAN, loc[10] = INFINITY, loc[17] = -1e30f, value[5] = INFINITY;  // value[5]: key 0, head 0
       std::vector<float> a(s.batch * s.queries * s.heads * channels), b(a.size());
+      const AlignedArray<float> c(a.size());  // on a 64-byte boundary: the head passes' streaming stores
       ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), a.data(), s, ThreadedFor{},
                      MSDeformAttnOrder::query_major);
       ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), b.data(), s, ThreadedFor{},
                      MSDeformAttnOrder::head_major);
-      same = same && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
+      // An output that starts off a vector boundary: the head passes' streaming stores then give way to plain ones.
+      std::vector<float> c_off(a.size() + 1);
+      ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), c.get(), s, ThreadedFor{},
+                     MSDeformAttnOrder::head_passes);
+      ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), c_off.data() + 1, s,
+                     ThreadedFor{}, MSDeformAttnOrder::head_passes);
+      same = same && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0 &&
+             std::memcmp(a.data(), c.get(), sizeof(float) * a.size()) == 0 &&
+             std::memcmp(a.data(), c_off.data() + 1, sizeof(float) * a.size()) == 0;
       automatic_is_head_major = automatic_is_head_major && ms_deform_attn_head_major(s) == (levels * points >= 4);
     }
   }
-  expect(same, "the head-major and the query-major forward give the same bits");
+  expect(same, "the head-major forward, block by block and head by head, and the query-major one give the same bits");
   expect(automatic_is_head_major, "the forward runs head-major where queries * L * P >= 4 * S");
   {  // maps of no pixel: every sample reads the row of zeros (written even though no key is copied), never garbage
     const std::vector<int64_t> empty_spatial{0, 4}, empty_start{0};
@@ -133,6 +144,9 @@ void test_orders_agree() {
   }
   const MSDeformAttnShape decoder{1, 22223, 8, 32, 300, 4, 4};  // a decoder's cross-attention keeps the inputs' order
   expect(!ms_deform_attn_head_major(decoder), "a decoder's few queries read value in place");
+  const MSDeformAttnShape encoder_800{1, 22223, 8, 32, 22223, 4, 4}, encoder_512{1, 5440, 8, 32, 5440, 4, 4};
+  expect(ms_deform_attn_head_passes(encoder_800, sizeof(float)) && !ms_deform_attn_head_passes(encoder_512, 4),
+         "the 800x1333 encoder (value 23 MB) runs head by head, the 512x512 one (5.6 MB) block by block");
 }
 
 void test_backward_finite_differences() {
@@ -231,9 +245,12 @@ uint64_t digest_of(uint64_t digest, int64_t channels) {
   std::vector<T> out_head_major(out.size());
   ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), out_head_major.data(), s,
                  ThreadedFor{}, MSDeformAttnOrder::head_major);
+  std::vector<T> out_head_passes(out.size());
+  ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), out_head_passes.data(), s,
+                 ThreadedFor{}, MSDeformAttnOrder::head_passes);
   ms_deform_attn_backward(grad.data(), value.data(), spatial.data(), start.data(), loc.data(), attn.data(), s,
                           gv.data(), gl.data(), ga.data(), ThreadedFor{});
-  for (const auto* v : {&out, &out_head_major, &gv, &gl, &ga}) {
+  for (const auto* v : {&out, &out_head_major, &out_head_passes, &gv, &gl, &ga}) {
     for (T x : *v) {
       uint64_t bits = 0;
       std::memcpy(&bits, &x, sizeof(T));
