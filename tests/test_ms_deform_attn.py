@@ -51,6 +51,36 @@ def test_matches_grid_sample_reference(config, dtype):
                                atol=TOLERANCE[dtype])  # fmt: skip
 
 
+def test_an_encoder_too_large_for_the_cache_runs_head_by_head_and_matches_the_reference():
+    """Value of 16 MB (8 heads x 64 channels on 8,064 keys, every key a query): the forward runs each head over every
+    query, on head-major copies kept in the calling thread's scratch from call to call (ms_deform_attn_head_passes).
+    Checked against the reference in torch, twice (the scratch reused) around a smaller call, and in ORT with the
+    output the runtime allocates and with a NumPy output 16 bytes past a cache line (IO binding)."""
+    levels = [(64, 96), (32, 48), (16, 24)]
+    keys = sum(h * w for h, w in levels)
+    big = sample_inputs(torch.float32, 1, levels, keys, 8, 64, 4, seed=3)
+    small = sample_inputs(torch.float32, 1, [(6, 8), (3, 4), (2, 2)], 64, 4, 32, 4, seed=4)
+    # float32 pixel positions on a 96-pixel-wide map are good to about 1e-5 of a pixel, in the op and the reference
+    # alike: a tolerance of 1e-4, against errors of order 1 from a wrong head, key or output row.
+    tolerance = dict(rtol=1e-4, atol=1e-4)
+    want = reference(*big)
+    for args, expected in ((big, want), (small, reference(*small)), (big, want)):
+        torch.testing.assert_close(opbridge.ms_deform_attn(*args), expected, **tolerance)
+    session = opbridge_ort.InferenceSession(_mmdeploy_model())
+    feeds = {n: t.numpy() for n, t in zip(NAMES, big)}
+    expected = want.numpy()
+    np.testing.assert_allclose(session.run(None, feeds)[0], expected, **tolerance)
+    storage = np.zeros(want.numel() + 16, np.float32)
+    offset = (16 - storage.ctypes.data % 64) % 64 // 4  # 16 bytes past a 64-byte line
+    out = storage[offset : offset + want.numel()].reshape(want.shape)
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        binding.bind_cpu_input(name, array)
+    binding.bind_output(session.get_outputs()[0].name, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+    session.run_with_iobinding(binding)
+    np.testing.assert_allclose(out, expected, **tolerance)
+
+
 def _leaves(args):
     return [a.clone().requires_grad_(a.dtype.is_floating_point) for a in args]
 

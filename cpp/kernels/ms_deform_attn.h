@@ -293,26 +293,52 @@ struct EvenLanes<MV, 4> {
   static constexpr MV value = {0, 2, 4, 6};
 };
 
+// Copies `bytes` bytes to `to` with stores that bypass the cache (x86: 16-byte non-temporal stores, which write
+// whole lines without first reading them from memory), for output that this kernel does not read back: the head-major
+// forward's output, block by block (512x512 encoder 6.2 -> 5.2 ms at 1 thread, docs/architecture.md).
+inline void copy_streaming(void* to, const void* from, int64_t bytes) {
+  char* __restrict out = static_cast<char*>(to);
+  const char* __restrict in = static_cast<const char*>(from);
+  int64_t b = 0;
+#if defined(__SSE2__) && !defined(__CUDACC__)
+  if ((reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(in)) % 16 == 0) {
+    for (; b + 16 <= bytes; b += 16) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + b), _mm_load_si128(reinterpret_cast<const __m128i*>(in + b)));
+    }
+    _mm_sfence();  // the stores are weakly ordered: done before the caller's threads are joined
+  }
+#endif
+  std::memcpy(out + b, in + b, static_cast<size_t>(bytes - b));
+}
+
 // Prefetches [p, p + bytes) into the cache.
 [[gnu::always_inline]] inline void prefetch(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
 }
 
-// Stores one register to `to` (aligned to its size) with a store that bypasses the cache where the instruction set
-// has one (x86: non-temporal stores, which write whole lines without first reading them from memory): the head-major
-// forward's output rows, which lie M rows apart and which it never reads back. Without them every row's first store
-// waited for its line from memory (800x1333 encoder: 36.6 -> 33.9 ms at 1 thread, docs/architecture.md).
-template <class C, class T>
+// Stores one register to `to` with stores that bypass the cache where the instruction set has them (x86: non-temporal
+// stores, which write whole lines without first reading them from memory): the head-major forward's output rows, which
+// lie M rows apart and which it never reads back. Without them every row's first store waited for its line from memory
+// (800x1333 encoder: 36.6 -> 33.9 ms at 1 thread, docs/architecture.md). `to` is aligned to the register's size when
+// kWide, else to 16 bytes (an output in a NumPy buffer, 16 bytes past a line): then 16 bytes a store.
+template <bool kWide, class C, class T>
 [[gnu::always_inline]] inline void store_streaming(T* to, const C& v) {
+#if defined(__SSE2__) && !defined(__CUDACC__)
+  if constexpr (!kWide || sizeof(C) == 16) {
+    for (size_t b = 0; b < sizeof(C); b += 16) {
+      __m128i part;
+      __builtin_memcpy(&part, reinterpret_cast<const char*>(&v) + b, 16);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(reinterpret_cast<char*>(to) + b), part);
+    }
+    return;
+  }
+#endif
 #if defined(__AVX512F__) && !defined(__CUDACC__)
   if constexpr (sizeof(C) == 64) return _mm512_stream_si512(reinterpret_cast<__m512i*>(to), (__m512i)v);
 #endif
 #if defined(__AVX__) && !defined(__CUDACC__)
   if constexpr (sizeof(C) == 32) return _mm256_stream_si256(reinterpret_cast<__m256i*>(to), (__m256i)v);
-#endif
-#if defined(__SSE2__) && !defined(__CUDACC__)
-  if constexpr (sizeof(C) == 16) return _mm_stream_si128(reinterpret_cast<__m128i*>(to), (__m128i)v);
 #endif
   store(to, v);
 }
@@ -481,12 +507,17 @@ template <class T, class I, int D, bool kHeadMajor>
 [[gnu::always_inline]] inline void ms_deform_attn_forward_block(const T* value_n, const T* loc_n, const T* attn_n,
                                                                 T* out_n, const MSDeformAttnShape& s, int64_t head,
                                                                 int64_t first, int64_t last,
-                                                                MSDeformAttnTaps<T, I>* taps_pair, const T* zeros) {
+                                                                MSDeformAttnTaps<T, I>* taps_pair, const T* zeros,
+                                                                bool stream_out) {
   const int64_t d = D > 0 ? D : s.channels, m_count = s.heads, lp = taps_pair[0].count;
   alignas(64) T local[D > 0 ? D : 1];  // the accumulator, in registers when D is known
-  // Head-major, out's rows (M rows apart) are written with streaming stores where every row starts on a register.
-  const bool stream = kHeadMajor && D > 0 && D * sizeof(T) % msda_detail::kVectorBytes == 0 &&
-                      reinterpret_cast<uintptr_t>(out_n) % msda_detail::kVectorBytes == 0;
+  // stream_out (head-major): out's rows, M rows apart, are written with streaming stores where every row starts on a
+  // register (wide) or on 16 bytes.
+  const auto aligned = [&](size_t bytes) {
+    return D * sizeof(T) % bytes == 0 && reinterpret_cast<uintptr_t>(out_n) % bytes == 0;
+  };
+  const bool stream = stream_out && kHeadMajor && D > 0 && aligned(16);
+  const bool wide = stream && aligned(msda_detail::kVectorBytes);
   // Forced inline, as every helper here: the code must be compiled in the task function, with its instruction set.
   auto prepare = [&](int64_t row, MSDeformAttnTaps<T, I>& taps) __attribute__((always_inline)) {
     if constexpr (kHeadMajor) {
@@ -525,8 +556,10 @@ template <class T, class I, int D, bool kHeadMajor>
     }
     if (D > 0 && stream) {
       using C = typename msda_detail::VectorOf<T, msda_detail::kChunk<T>>::type;
-      for (int64_t k = 0; k < d; k += msda_detail::kChunk<T>)
-        msda_detail::store_streaming(out + k, msda_detail::load<C>(acc + k));
+      for (int64_t k = 0; k < d; k += msda_detail::kChunk<T>) {
+        const C v = msda_detail::load<C>(acc + k);
+        wide ? msda_detail::store_streaming<true>(out + k, v) : msda_detail::store_streaming<false>(out + k, v);
+      }
     } else if (D > 0) {
       for (int64_t k = 0; k < d; ++k) out[k] = acc[k];
     }
@@ -538,15 +571,19 @@ template <class T, class I, int D>
 [[gnu::always_inline]] inline void ms_deform_attn_forward_query_major(const T* value_n, const T* loc_n, const T* attn_n,
                                                                       T* out_n, const MSDeformAttnShape& s,
                                                                       int64_t head, int64_t first, int64_t last,
-                                                                      MSDeformAttnTaps<T, I>* taps, const T* zeros) {
-  ms_deform_attn_forward_block<T, I, D, false>(value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros);
+                                                                      MSDeformAttnTaps<T, I>* taps, const T* zeros,
+                                                                      bool stream_out) {
+  ms_deform_attn_forward_block<T, I, D, false>(value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros,
+                                               stream_out);
 }
 template <class T, class I, int D>
 [[gnu::always_inline]] inline void ms_deform_attn_forward_head_major(const T* value_n, const T* loc_n, const T* attn_n,
                                                                      T* out_n, const MSDeformAttnShape& s, int64_t head,
                                                                      int64_t first, int64_t last,
-                                                                     MSDeformAttnTaps<T, I>* taps, const T* zeros) {
-  ms_deform_attn_forward_block<T, I, D, true>(value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros);
+                                                                     MSDeformAttnTaps<T, I>* taps, const T* zeros,
+                                                                     bool stream_out) {
+  ms_deform_attn_forward_block<T, I, D, true>(value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros,
+                                              stream_out);
 }
 
 // x . y over d channels (D > 0: at compile time) in a fixed order: 64-byte chunks (kDotChunk) summed lane by lane, the
@@ -657,8 +694,8 @@ template <class T, class I, int D>
 //                          -mavx512f and nothing, so every instruction set's arithmetic is tested).
 #define OPBRIDGE_MSDA_FORWARD_PARAMS(T, I)                                                               \
   const T *value_n, const T *loc_n, const T *attn_n, T *out_n, const MSDeformAttnShape &s, int64_t head, \
-      int64_t first, int64_t last, MSDeformAttnTaps<T, I>*taps, const T *zeros
-#define OPBRIDGE_MSDA_FORWARD_ARGS value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros
+      int64_t first, int64_t last, MSDeformAttnTaps<T, I>*taps, const T *zeros, bool stream_out
+#define OPBRIDGE_MSDA_FORWARD_ARGS value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros, stream_out
 #define OPBRIDGE_MSDA_BACKWARD_PARAMS(T, I)                                                                         \
   const T *grad_out_n, const T *value_n, const T *loc_n, const T *attn_n, const MSDeformAttnShape &s, int64_t head, \
       T *grad_value_n, T *grad_loc_n, T *grad_attn_n, MSDeformAttnTaps<T, I>&taps, const T *zeros, T *scratch, T *dots
@@ -886,7 +923,7 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
         auto taps = taps_pair();
         ms_deform_attn_forward_task(value + n * s.keys * m_count * d, sampling_locations + rows * lp * 2,
                                     attention_weights + rows * lp, out + rows * d, s, int64_t(-1), first * m_count,
-                                    last * m_count, taps.data(), zeros.get());
+                                    last * m_count, taps.data(), zeros.get(), false);
       });
       return;
     }
@@ -922,22 +959,27 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
           auto taps = taps_pair();
           ms_deform_attn_forward_task(value_t + m * (s.keys + 1) * d, loc_all + m * s.queries * lp * 2,
                                       attn_all + m * s.queries * lp, out + rows * d, s, m, first, last, taps.data(),
-                                      zeros.get());
+                                      zeros.get(), true);
         });
         continue;
       }
       parallel_for(blocks, [&](int64_t task) {
         const int64_t first = task * block, last = std::min(s.queries, first + block), count = last - first;
-        const AlignedArray<T> work(static_cast<size_t>(m_count * count * lp * 3));
+        // The block's inputs, head-major, and its output, which stays in cache until it is copied out whole: head
+        // by head, out's rows lie M rows apart, and every row's first store would wait for its line from memory.
+        const AlignedArray<T> work(static_cast<size_t>(m_count * count * (lp * 3 + d)));
         T* loc_t = work.get();
         T* attn_t = loc_t + m_count * count * lp * 2;
+        T* out_t = attn_t + m_count * count * lp;
         ms_deform_attn_transpose_queries(loc_n, attn_n, loc_t, attn_t, s, first, last, count, first);
         auto taps = taps_pair();
         for (int64_t m = 0; m < m_count; ++m) {
           ms_deform_attn_forward_task(value_t + m * (s.keys + 1) * d, loc_t + (m * count - first) * lp * 2,
-                                      attn_t + (m * count - first) * lp, out + rows * d, s, m, first, last, taps.data(),
-                                      zeros.get());
+                                      attn_t + (m * count - first) * lp, out_t - first * m_count * d, s, m, first, last,
+                                      taps.data(), zeros.get(), false);
         }
+        msda_detail::copy_streaming(out + (rows + first * m_count) * d, out_t,
+                                    static_cast<int64_t>(sizeof(T)) * count * m_count * d);
       });
     }
   };

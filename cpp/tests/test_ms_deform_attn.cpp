@@ -118,7 +118,12 @@ void test_orders_agree() {
                      MSDeformAttnOrder::query_major);
       ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), b.data(), s, ThreadedFor{},
                      MSDeformAttnOrder::head_major);
-      // An output that starts off a vector boundary: the head passes' streaming stores then give way to plain ones.
+      // Outputs 16 bytes past a line (the head passes' streaming stores then go 16 bytes at a time, as in a NumPy
+      // buffer) and 4 bytes past (plain stores).
+      const AlignedArray<float> c_16(a.size() + 4);
+      ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), c_16.get() + 4, s,
+                     ThreadedFor{}, MSDeformAttnOrder::head_passes);
+      same = same && std::memcmp(a.data(), c_16.get() + 4, sizeof(float) * a.size()) == 0;
       std::vector<float> c_off(a.size() + 1);
       ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), c.get(), s, ThreadedFor{},
                      MSDeformAttnOrder::head_passes);
