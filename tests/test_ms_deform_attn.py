@@ -67,7 +67,7 @@ def test_an_encoder_too_large_for_the_cache_runs_head_by_head_and_matches_the_re
     for args, expected in ((big, want), (small, reference(*small)), (big, want)):
         torch.testing.assert_close(opbridge.ms_deform_attn(*args), expected, **tolerance)
     session = opbridge_ort.InferenceSession(_mmdeploy_model())
-    feeds = {n: t.numpy() for n, t in zip(NAMES, big)}
+    feeds = {n: t.numpy() for n, t in zip(NAMES, big, strict=True)}
     expected = want.numpy()
     np.testing.assert_allclose(session.run(None, feeds)[0], expected, **tolerance)
     storage = np.zeros(want.numel() + 16, np.float32)
