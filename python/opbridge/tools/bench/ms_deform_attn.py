@@ -208,10 +208,13 @@ def corner_table(inputs, head_major: bool, value_head_major: bool = False) -> tu
     return np.ascontiguousarray(row, np.int32), np.ascontiguousarray(weight, np.float32)
 
 
-def forward_order(queries: int, heads: int, samples: int) -> np.ndarray:
-    """The (query, head) groups (index query * M + m) in the order the head-major forward runs them: blocks of
-    queries sized as the kernel sizes them (their inputs, float32, in 256 KiB), in each block head 0's queries, then
-    head 1's, ..."""
+def forward_order(queries: int, heads: int, samples: int, keys: int, channels: int) -> np.ndarray:
+    """The (query, head) groups (index query * M + m) in the order the head-major forward runs them
+    (cpp/kernels/ms_deform_attn.h): where value's head-major copy (float32) takes 12 MiB or more
+    (ms_deform_attn_head_passes), head 0's queries, then head 1's, ...; below, blocks of queries sized as the kernel
+    sizes them (their inputs, float32, in 256 KiB), in each block head 0's queries, then head 1's, ..."""
+    if heads * (keys + 1) * channels * 4 >= 12 << 20:
+        return (np.arange(queries)[None, :] * heads + np.arange(heads)[:, None]).reshape(-1)
     block = min(1024, max(1, (256 << 10) // (4 * heads * samples * 3)))
     order = []
     for first in range(0, queries, block):
@@ -244,11 +247,11 @@ def roofline_paths(bench: Bench, record, threads: int, inputs, want: np.ndarray,
     _, keys, heads, channels = value.shape
     queries = inputs[3].shape[1]
     # The forward's order (cpp/kernels/ms_deform_attn.h, head-major on these encoders): value copied head by head,
-    # blocks of queries, each block's queries one head after the other.
+    # each head over every query (800x1333) or blocks of queries, each block's queries one head after the other.
     value_t = aligned(value[0].transpose(1, 0, 2))
     rows, weights = corner_table(inputs, head_major=False, value_head_major=True)
     groups, taps = queries * heads, rows.shape[-1]
-    order = forward_order(queries, heads, taps // 4)
+    order = forward_order(queries, heads, taps // 4, keys, channels)
     rows = aligned(rows.reshape(groups, taps)[order])
     weights = aligned(weights.reshape(groups, taps)[order])
     out = aligned(np.empty((groups, channels), np.float32))
