@@ -65,6 +65,10 @@ def ms_deform_attn(
     sampling_locations and attention_weights (deterministic C++ backward; double backward raises).
     Scriptable, traceable by ``torch.export`` and ``torch.compile``; exports to one
     ``opbridge::MultiScaleDeformableAttention`` node or to standard ONNX ops (see :mod:`opbridge.onnx`).
+
+    Memory: on an encoder's map whose value takes 12 MiB or more (800x1333 with 8 x 32 channels: 23 MB), the
+    forward (here and in the ORT node) copies value and the sampling inputs head by head into scratch memory that
+    the calling thread keeps for its next call (57 MB for that encoder, at most 512 MiB; docs/architecture.md).
     """
     if not torch.jit.is_scripting():
         for name, tensor in (("value", value), ("spatial_shapes", spatial_shapes),
