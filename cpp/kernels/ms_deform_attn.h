@@ -319,9 +319,10 @@ inline void copy_streaming(void* to, const void* from, int64_t bytes) {
 
 // Stores one register to `to` with stores that bypass the cache where the instruction set has them (x86: non-temporal
 // stores, which write whole lines without first reading them from memory): the head-major forward's output rows, which
-// lie M rows apart and which it never reads back. Without them every row's first store waited for its line from memory
-// (800x1333 encoder: 36.6 -> 33.9 ms at 1 thread, docs/architecture.md). `to` is aligned to the register's size when
-// kWide, else to 16 bytes (an output in a NumPy buffer, 16 bytes past a line): then 16 bytes a store.
+// lie M rows apart and which it never reads back. Without them every row's first store waits for its line from memory
+// (800x1333 encoder, head passes, a NumPy output: 38 ms with plain stores, 28 ms with these; docs/architecture.md).
+// `to` is aligned to the register's size when kWide, else to 16 bytes (an output in a NumPy buffer, 16 bytes past a
+// line): then 16 bytes a store.
 template <bool kWide, class C, class T>
 [[gnu::always_inline]] inline void store_streaming(T* to, const C& v) {
 #if defined(__SSE2__) && !defined(__CUDACC__)
@@ -829,8 +830,8 @@ void ms_deform_attn_transpose_queries(const T* loc_n, const T* attn_n, T* loc_t,
 // copies of the image's inputs: where value's head-major copy is larger than the caches keep between two blocks of
 // queries. Block by block (MSDeformAttnOrder::head_major), the eight heads' neighbourhoods of each block take turns
 // in the cache and every block fetches its neighbourhood's rows again, from memory once value no longer fits: the
-// 800x1333 encoder (value 23 MB) took 36 ms block by block, 31 ms head by head; the 512x512 one (5.6 MB) 5.4 ms block
-// by block, 5.7 ms head by head (1 thread, docs/architecture.md).
+// 800x1333 encoder (value 23 MB) took 31-36 ms block by block, 27-28 ms head by head; the 512x512 one (5.6 MB) 5.3 ms
+// block by block, 5.7 ms head by head (1 thread, docs/architecture.md).
 inline bool ms_deform_attn_head_passes(const MSDeformAttnShape& s, size_t value_bytes) {
   return static_cast<size_t>(s.heads * (s.keys + 1) * s.channels) * value_bytes >= (size_t(12) << 20);
 }
@@ -850,6 +851,7 @@ class MSDeformAttnScratch {
       return;
     }
     if (cache.bytes < bytes) {
+      cache.bytes = 0;  // if the allocation below throws, the cache is empty, not smaller than it says
       cache.data = AlignedArray<unsigned char>(0);  // the old block first: never both at once
       cache.data = AlignedArray<unsigned char>(bytes);
       cache.bytes = bytes;
