@@ -67,6 +67,7 @@ def test_roi_align_avg_matches_torchvision(aligned):
     x = rng.standard_normal((2, 4, 12, 15)).astype(np.float32)
     start = rng.uniform(-2, 12, (20, 2))
     rois = np.concatenate([rng.integers(0, 2, (20, 1)), start, start + rng.uniform(0, 20, (20, 2))], 1)
+    rois[:4, 1:] = rois[:4, [3, 4, 1, 2]]  # x2 < x1 and y2 < y1: samples run backwards (aligned) or 1 px (not)
     rois = rois.astype(np.float32)
     for scale, ratio, size in ((0.5, 0, (7, 7)), (1.0, 2, (3, 5)), (0.25, 1, (2, 2))):
         attrs = roi_align.as_symbolic(size, scale, ratio, "avg", aligned)

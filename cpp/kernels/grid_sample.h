@@ -193,17 +193,47 @@ struct PackedTaps {
   uint32_t inside = 0;
 };
 
+// Output pixels [begin, end) of `count` channels (`Group` at a time, a compile-time count so that a pixel's taps stay
+// in registers across its channels) from their planes at source + i * plane into target + i * pixels.
+template <int Group, class T, int K, class Index>
+void sample_channels(const PackedTaps<T, K, Index>* packed, int64_t begin, int64_t end, const T* source, int64_t plane,
+                     T* target, int64_t pixels, int64_t count) {
+  constexpr uint32_t kAll = K == 32 ? ~0u : (1u << K) - 1;
+  for (int64_t first = 0; first + Group <= count; first += Group) {
+    const T* planes = source + first * plane;
+    T* rows = target + first * pixels;
+    for (int64_t p = begin; p < end; ++p) {
+      const auto& t = packed[p];
+      if (t.inside == kAll) {  // the common case: every tap on the map
+        for (int g = 0; g < Group; ++g) {
+          const T* map = planes + g * plane;
+          T sum = 0;
+          for (int k = 0; k < K; ++k) sum += t.weight[k] * map[t.offset[k]];
+          rows[g * pixels + p] = sum;
+        }
+      } else {  // a tap outside adds nothing (not 0 times pixel 0: a NaN there would show)
+        for (int g = 0; g < Group; ++g) {
+          const T* map = planes + g * plane;
+          T sum = 0;
+          for (int k = 0; k < K; ++k) {
+            if ((t.inside >> k) & 1u) sum += t.weight[k] * map[t.offset[k]];
+          }
+          rows[g * pixels + p] = sum;
+        }
+      }
+    }
+  }
+}
+
 // Image by image and span by span of output pixels: the taps of every pixel first (in parallel over pixel
-// blocks), then every channel of a block (in parallel over block x channel, block-major so that a block's taps stay
-// in the cache), so the coordinate arithmetic does not repeat per channel and one image with many channels still
-// spreads over the threads.
+// blocks), then the channels (in parallel over channel group x block, channel-major), so the coordinate
+// arithmetic does not repeat per channel and one image with many channels still spreads over the threads.
 template <int K, class Index, class T, class ParallelFor>
 void grid_sample_with(const T* input, const T* grid, T* out, const GridSampleShape& s, const GridSampleAttributes& a,
                       ParallelFor&& parallel_for) {
-  constexpr int64_t kBlock = 2048;
+  constexpr int64_t kBlock = 2048, kChannels = 4;
   // The taps of at most this many pixels are held at once (a bicubic tap set is 132 bytes).
   constexpr int64_t kSpan = 32 * kBlock;
-  constexpr uint32_t kAll = K == 32 ? ~0u : (1u << K) - 1;
   const int64_t pixels = s.out_height * s.out_width, plane = s.height * s.width;
   std::vector<PackedTaps<T, K, Index>> packed(static_cast<size_t>(std::min(pixels, kSpan)));
   for (int64_t n = 0; n < s.batch; ++n) {
@@ -223,22 +253,20 @@ void grid_sample_with(const T* input, const T* grid, T* out, const GridSampleSha
           }
         }
       });
-      parallel_for(s.channels * blocks, [&](int64_t task) {
-        const int64_t c = task % s.channels, begin = task / s.channels * kBlock;
+      // Channel-major tasks of kChannels channels x one block of pixels: the random reads go to a few planes that
+      // stay in L1/L2 while the taps stream past in order, read once per group (measured on the MSDA level case,
+      // 8 x 32 channels of 100 x 100, 1 thread: 2.3x faster than block-major single channels, whose reads went to
+      // an image's 32 planes (1.3 MB) afresh for every block; groups of 4 beat 1 and 8).
+      const int64_t groups = (s.channels + kChannels - 1) / kChannels;
+      parallel_for(groups * blocks, [&](int64_t task) {
+        const int64_t c = task / blocks * kChannels, begin = task % blocks * kBlock;
         const int64_t end = std::min(begin + kBlock, span_size);
         const T* source = input + (n * s.channels + c) * plane;
         T* target = out + (n * s.channels + c) * pixels + span;
-        for (int64_t p = begin; p < end; ++p) {
-          const auto& t = packed[p];
-          T sum = 0;
-          if (t.inside == kAll) {  // the common case: every tap on the map
-            for (int k = 0; k < K; ++k) sum += t.weight[k] * source[t.offset[k]];
-          } else {  // a tap outside adds nothing (not 0 times pixel 0: a NaN there would show)
-            for (int k = 0; k < K; ++k) {
-              if ((t.inside >> k) & 1u) sum += t.weight[k] * source[t.offset[k]];
-            }
-          }
-          target[p] = sum;
+        if (c + kChannels <= s.channels) {
+          sample_channels<kChannels>(packed.data(), begin, end, source, plane, target, pixels, kChannels);
+        } else {
+          sample_channels<1>(packed.data(), begin, end, source, plane, target, pixels, s.channels - c);
         }
       });
     }

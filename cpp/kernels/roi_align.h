@@ -120,9 +120,84 @@ struct CompactSamples {
   }
 };
 
+// One axis of an axis-aligned roi: for each bin along it, the map lines (rows or columns) its samples read, each
+// once, ascending, with the sum of the bilinear weights the samples give it. Bilinear sampling on a grid of
+// positions is separable: a bin's sum over its gh x gw samples of hy hx m[y0, x0] + hy lx m[y0, x1] + ly hx
+// m[y1, x0] + ly lx m[y1, x1] is sum_r a_r (sum_c b_c m[r, c]), over the rows r and columns c the samples read,
+// which reads the same pixels ((gh + 1) x (gw + 1) of them, rather than 4 gh gw reads). A sample counts only where
+// both of its coordinates are on the map, as in bilinear(): an axis' position off the map adds no line, and so
+// no pixel in that row or column of samples is read.
+template <class T>
+struct AxisLines {
+  std::vector<int64_t> begin;  // bins + 1 entries into line and weight
+  std::vector<int64_t> line;
+  std::vector<T> weight;
+
+  // `position(bin, g)`: the coordinate of sample g of `bin` along this axis; `size`: the map's extent along it.
+  template <class Position>
+  void fill(int64_t bins, int64_t grid, int64_t size, Position&& position) {
+    begin.assign(1, 0);
+    line.clear();
+    weight.clear();
+    struct Tap {
+      int64_t low;
+      double fraction;  // the weight of line low + 1 (1 - fraction: of line low)
+    };
+    std::vector<Tap> taps;
+    std::vector<double> dense;  // the bin's lines, from its lowest one
+    std::vector<char> read;
+    for (int64_t bin = 0; bin < bins; ++bin) {
+      taps.clear();
+      int64_t low = INT64_MAX, high = -1;
+      for (int64_t g = 0; g < grid; ++g) {
+        double x = position(bin, g);
+        if (!(x >= -1.0 && x <= static_cast<double>(size)) || size <= 0) continue;  // the sample reads nothing
+        x = std::max(x, 0.0);
+        int64_t x0 = static_cast<int64_t>(x);
+        if (x0 >= size - 1) {  // both taps on the last line, all weight on the first
+          taps.push_back({size - 1, 0.0});
+          low = std::min(low, size - 1);
+          high = std::max(high, size - 1);
+          continue;
+        }
+        taps.push_back({x0, x - static_cast<double>(x0)});
+        low = std::min(low, x0);
+        high = std::max(high, x0 + 1);
+      }
+      if (!taps.empty()) {
+        dense.assign(static_cast<size_t>(high - low + 1), 0.0);
+        read.assign(dense.size(), 0);
+        // A line some sample gives weight 0 (a position on a line, or clamped onto the last one) is read with
+        // weight 0 too, once more: 0 times an infinity there is NaN, as it is sample by sample.
+        const auto add = [&](int64_t at, double w) {
+          dense[at] += w;
+          read[at] |= w == 0.0 ? 3 : 1;
+        };
+        for (const Tap& tap : taps) {
+          add(tap.low - low, 1 - tap.fraction);
+          add(tap.low - low + (tap.low < size - 1 ? 1 : 0), tap.fraction);  // the clamped tap reads its line twice
+        }
+        for (int64_t x = low; x <= high; ++x) {
+          if (read[x - low] & 1) {
+            line.push_back(x);
+            weight.push_back(static_cast<T>(dense[x - low]));
+          }
+          if (read[x - low] & 2) {
+            line.push_back(x);
+            weight.push_back(T(0));
+          }
+        }
+      }
+      begin.push_back(static_cast<int64_t>(line.size()));
+    }
+  }
+};
+
 }  // namespace roi_align_detail
 
-// One task per roi: its samples are computed once, then every channel reads them.
+// One task per roi: its samples are computed once, then every channel reads them. Average pooling takes the
+// separable form of AxisLines (about 3x fewer reads than sample by sample on an adaptive grid); the maximum
+// needs every sample's value.
 template <class T, class ParallelFor>
 void roi_align(const T* input, const std::vector<roi_align_rotated_detail::Roi>& rois, T* out,
                const RoiAlignRotatedShape& shape, bool max_pool, ParallelFor&& parallel_for) {
@@ -135,32 +210,50 @@ void roi_align(const T* input, const std::vector<roi_align_rotated_detail::Roi>&
       std::fill(y, y + shape.channels * bins, std::numeric_limits<T>::quiet_NaN());
       return;
     }
+    if (!max_pool) {
+      // The positions roi_samples() computes at angle 0 (y = yy * 1 - xx * 0 + cy = yy + cy, bit for bit).
+      const double bin_h = r.h / shape.pooled_height, bin_w = r.w / shape.pooled_width;
+      roi_align_detail::AxisLines<T> rows, columns;
+      rows.fill(shape.pooled_height, r.grid_h, shape.height,
+                [&](int64_t i, int64_t g) { return (-0.5 * r.h + i * bin_h + (g + 0.5) * bin_h / r.grid_h) + r.cy; });
+      columns.fill(shape.pooled_width, r.grid_w, shape.width, [&](int64_t j, int64_t g) {
+        return (-0.5 * r.w + j * bin_w + (g + 0.5) * bin_w / r.grid_w) + r.cx;
+      });
+      const T divisor = static_cast<T>(std::max<int64_t>(r.grid_h * r.grid_w, 1));
+      for (int64_t c = 0; c < shape.channels; ++c) {
+        const T* map = input + (r.batch * shape.channels + c) * plane;
+        T* target = y + c * bins;
+        for (int64_t i = 0; i < shape.pooled_height; ++i) {
+          for (int64_t j = 0; j < shape.pooled_width; ++j) {
+            T sum = 0;
+            for (int64_t a = rows.begin[i]; a < rows.begin[i + 1]; ++a) {
+              const T* line = map + rows.line[a] * shape.width;
+              T partial = 0;
+              for (int64_t b = columns.begin[j]; b < columns.begin[j + 1]; ++b) {
+                partial += columns.weight[b] * line[columns.line[b]];
+              }
+              sum += rows.weight[a] * partial;
+            }
+            target[i * shape.pooled_width + j] = sum / divisor;
+          }
+        }
+      }
+      return;
+    }
     std::vector<Sample> samples;
     roi_samples(r, shape, samples);
     roi_align_detail::CompactSamples<T> compact;
     compact.fill(samples, bins, r.grid_h * r.grid_w);
-    const T divisor = static_cast<T>(std::max<int64_t>(r.grid_h * r.grid_w, 1));
     for (int64_t c = 0; c < shape.channels; ++c) {
       const T* map = input + (r.batch * shape.channels + c) * plane;
       for (int64_t bin = 0; bin < bins; ++bin) {
-        T result;
-        if (max_pool) {
-          result = static_cast<T>(kRoiAlignMaxStart);
-          if (compact.outside[bin] && result < T(0)) result = T(0);
-          for (int64_t t = compact.begin[bin]; t < compact.begin[bin + 1]; ++t) {
-            const auto& tap = compact.taps[t];
-            const T value = tap.weight[0] * map[tap.index[0]] + tap.weight[1] * map[tap.index[1]] +
-                            tap.weight[2] * map[tap.index[2]] + tap.weight[3] * map[tap.index[3]];
-            if (value > result) result = value;  // a NaN sample is passed over, as in mmcv
-          }
-        } else {
-          T sum = 0;
-          for (int64_t t = compact.begin[bin]; t < compact.begin[bin + 1]; ++t) {
-            const auto& tap = compact.taps[t];
-            sum += tap.weight[0] * map[tap.index[0]] + tap.weight[1] * map[tap.index[1]] +
-                   tap.weight[2] * map[tap.index[2]] + tap.weight[3] * map[tap.index[3]];
-          }
-          result = sum / divisor;
+        T result = static_cast<T>(kRoiAlignMaxStart);
+        if (compact.outside[bin] && result < T(0)) result = T(0);
+        for (int64_t t = compact.begin[bin]; t < compact.begin[bin + 1]; ++t) {
+          const auto& tap = compact.taps[t];
+          const T value = tap.weight[0] * map[tap.index[0]] + tap.weight[1] * map[tap.index[1]] +
+                          tap.weight[2] * map[tap.index[2]] + tap.weight[3] * map[tap.index[3]];
+          if (value > result) result = value;  // a NaN sample is passed over, as in mmcv
         }
         y[c * bins + bin] = result;
       }
