@@ -34,22 +34,9 @@
 #include "kernels/broadcast.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/device.h"
+#include "kernels/scratch.h"
 
 namespace opbridge::kernels {
-
-// A buffer the kernels load whole vectors from, starting on a 64-byte boundary so that a 64-byte row is one cache
-// line. Large blocks from malloc start 16 bytes past a page: every 64-byte load from them then spans two lines (the
-// head-major forward of the 800x1333 encoder took 43 ms instead of 36, docs/architecture.md).
-template <class T>
-struct AlignedArray {
-  struct Free {
-    void operator()(T* p) const { ::operator delete[](p, std::align_val_t{64}); }
-  };
-  std::unique_ptr<T[], Free> data;
-  explicit AlignedArray(size_t count)
-      : data(static_cast<T*>(::operator new[](std::max<size_t>(1, count) * sizeof(T), std::align_val_t{64}))) {}
-  T* get() const { return data.get(); }
-};
 
 struct MSDeformAttnShape {
   int64_t batch = 0, keys = 0, heads = 0, channels = 0, queries = 0, levels = 0, points = 0;
@@ -836,55 +823,6 @@ inline bool ms_deform_attn_head_passes(const MSDeformAttnShape& s, size_t value_
   return static_cast<size_t>(s.heads * (s.keys + 1) * s.channels) * value_bytes >= (size_t(12) << 20);
 }
 
-// Scratch memory a thread's calls reuse: the head-major copies of value and of the inputs (57 MB for the 800x1333
-// encoder), which, allocated afresh, the system maps page by page on every call (19 ms of page faults in a 31 ms
-// forward). Kept by the calling thread up to kMaxBytes (larger requests get memory of their own), for the life of the
-// thread; a call made while the thread's scratch is in use (a nested call) gets its own.
-class MSDeformAttnScratch {
- public:
-  static constexpr size_t kMaxBytes = size_t(512) << 20;
-  explicit MSDeformAttnScratch(size_t bytes) {
-    Cache& cache = cache_of_thread();
-    if (bytes > kMaxBytes || cache.in_use) {
-      own_ = AlignedArray<unsigned char>(bytes);
-      data_ = own_.get();
-      return;
-    }
-    if (cache.bytes < bytes) {
-      cache.bytes = 0;  // if the allocation below throws, the cache is empty, not smaller than it says
-      cache.data = AlignedArray<unsigned char>(0);  // the old block first: never both at once
-      cache.data = AlignedArray<unsigned char>(bytes);
-      cache.bytes = bytes;
-    }
-    cache.in_use = true;
-    cache_ = &cache;
-    data_ = cache.data.get();
-  }
-  ~MSDeformAttnScratch() {
-    if (cache_ != nullptr) cache_->in_use = false;
-  }
-  MSDeformAttnScratch(const MSDeformAttnScratch&) = delete;
-  MSDeformAttnScratch& operator=(const MSDeformAttnScratch&) = delete;
-  template <class T>
-  T* get() const {
-    return reinterpret_cast<T*>(data_);
-  }
-
- private:
-  struct Cache {
-    AlignedArray<unsigned char> data{0};
-    size_t bytes = 0;
-    bool in_use = false;
-  };
-  static Cache& cache_of_thread() {
-    static thread_local Cache cache;
-    return cache;
-  }
-  AlignedArray<unsigned char> own_{0};
-  Cache* cache_ = nullptr;
-  unsigned char* data_ = nullptr;
-};
-
 // out [N, Lq, M * D]. spatial_shapes and level_start_index as checked by check_ms_deform_attn.
 // parallel_for(tasks, task) runs task(0..tasks-1), in any order and on any threads. The orders (automatic: by
 // ms_deform_attn_head_major and ms_deform_attn_head_passes; the tests run each), which all give the same bits:
@@ -937,7 +875,7 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
         passes ? 1024 : std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(1, sizeof(T) * m_count * lp * 3), 1, 1024);
     const int64_t blocks = (s.queries + block - 1) / block;
     const int64_t value_count = m_count * (s.keys + 1) * d, inputs_count = passes ? m_count * s.queries * lp * 3 : 0;
-    const MSDeformAttnScratch scratch(sizeof(T) * static_cast<size_t>(value_count + inputs_count));
+    const ThreadScratch scratch(sizeof(T) * static_cast<size_t>(value_count + inputs_count));
     T* value_t = scratch.get<T>();
     T* loc_all = value_t + value_count;  // head_passes: [M, Lq, L * P * 2], then attention_weights [M, Lq, L * P]
     T* attn_all = loc_all + m_count * s.queries * lp * 2;
