@@ -205,3 +205,40 @@ def test_star_import_does_not_shadow_nn_or_onnx():
     exec("from opbridge import *", namespace)
     assert namespace["nn"] == "mine" and namespace["onnx"] == "mine"
     assert namespace["my_add"] is opbridge.my_add and namespace["deform_conv2d"] is opbridge.deform_conv2d
+
+
+def test_a_users_symbolic_unregistered_after_an_export_leaves_opbridges_rule():
+    """mmdeploy's rewriters register their own symbolic over one opbridge has (aten::grid_sampler at opset 16) for an
+    export and unregister it after: opbridge's rule must come back, not torch's builtin one. Seen through a float64
+    grid_sample at opset 16, which opbridge lowers to Gathers (ONNX Runtime has no float64 GridSample-16) and torch's
+    rule to GridSample; a registration the user still holds at another opset stays theirs."""
+
+    class Sample(torch.nn.Module):
+        def forward(self, x, grid):
+            return torch.nn.functional.grid_sample(x, grid, align_corners=False)
+
+    x = torch.randn(1, 2, 5, 6, dtype=torch.float64)
+    grid = torch.rand(1, 3, 4, 2, dtype=torch.float64) * 2 - 1
+
+    def op_types(opset: int) -> set[str]:
+        buffer = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Sample(), (x, grid), buffer, opset_version=opset, dynamo=False)
+        return {node.op_type for node in onnx.load_from_string(buffer.getvalue()).graph.node}
+
+    def theirs(g, input, grid, *args):
+        return g.op("GridSample", input, grid)
+
+    assert "GridSample" not in op_types(16)
+    torch.onnx.register_custom_op_symbolic("aten::grid_sampler", theirs, 16)
+    torch.onnx.register_custom_op_symbolic("aten::grid_sampler", theirs, 11)
+    try:
+        assert "GridSample" in op_types(16)
+        torch.onnx.unregister_custom_op_symbolic("aten::grid_sampler", 16)
+        assert "GridSample" not in op_types(16)  # opbridge's rule again
+        assert "GridSample" in op_types(11)  # the user's, still registered
+    finally:
+        torch.onnx.unregister_custom_op_symbolic("aten::grid_sampler", 16)
+        torch.onnx.unregister_custom_op_symbolic("aten::grid_sampler", 11)
+    assert "GridSample" not in op_types(11) and "GridSample" not in op_types(16)

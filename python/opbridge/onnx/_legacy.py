@@ -8,6 +8,7 @@ for the opset being exported and the current lowering kind
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -71,15 +72,36 @@ def symbolic_for(name: str) -> Callable:
     return symbolic
 
 
-def register_symbolics(only: specs.OpSpec | None = None) -> None:
+def registration_opsets(spec: specs.OpSpec) -> tuple[int, ...]:
+    """The opsets opbridge registers the spec's symbolic at. The exporter dispatches to the rule registered at the
+    highest opset <= the one exported, so a builtin rule registered at a later opset (grid_sampler's at 16) would
+    shadow opbridge's above it: registered at those opsets too. Where the spec has no lowering, the symbolic calls
+    the builtin rule itself."""
+    minimum = max(MIN_OPSET, min(lw.min_opset for lw in spec.lowerings))
+    later = [v for v in _torch_hooks.legacy_builtin_versions(spec.symbolic_name) if v > minimum]
+    return (minimum, *later)
+
+
+def register_symbolics(only: specs.OpSpec | None = None, opset: int | None = None) -> None:
+    """Registers the symbolics (of `only`, else of every spec), at every registration opset or only at `opset`."""
     for spec in [only] if only is not None else specs.all_specs():
-        minimum = max(MIN_OPSET, min(lw.min_opset for lw in spec.lowerings))
-        # The exporter dispatches to the rule registered at the highest opset <= the one exported, so a builtin
-        # rule registered at a later opset (grid_sampler's at 16) would shadow this one above it: register at
-        # those opsets too. Where the spec has no lowering, the symbolic calls the builtin rule itself.
-        later = [v for v in _torch_hooks.legacy_builtin_versions(spec.symbolic_name) if v > minimum]
-        for opset in (minimum, *later):
-            torch.onnx.register_custom_op_symbolic(spec.symbolic_name, symbolic_for(spec.name), opset)
+        for version in registration_opsets(spec):
+            if opset is None or version == opset:
+                torch.onnx.register_custom_op_symbolic(spec.symbolic_name, symbolic_for(spec.name), version)
+
+
+def restore_after_unregister(symbolic_name: str, opset: int) -> None:
+    """After torch.onnx.unregister_custom_op_symbolic(symbolic_name, opset): opbridge's rule for that op and opset,
+    where it had one, comes back. A symbolic registered over opbridge's (mmdeploy's rewriters do so around each
+    export) replaces it, and unregistering that one would otherwise leave torch's builtin rule for the rest of the
+    process; a registration the user still holds at another opset is left alone."""
+    if opset not in {*range(MIN_OPSET, max_opset() + 1)}:
+        return
+    for spec in specs.all_specs():
+        if spec.symbolic_name == symbolic_name and opset in registration_opsets(spec):
+            if spec.namespace == "torchvision" and "torchvision.ops" not in sys.modules:
+                continue  # registered when torchvision.ops is imported (_torch_hooks)
+            register_symbolics(spec, opset)
 
 
 def max_opset() -> int:

@@ -93,12 +93,37 @@ def install() -> None:
     for name, patch in hooks:
         status.setdefault(name, "pending")
         _when_imported(name, patch)
+    _restore_rules_after_unregister()
     # torchvision registers its own TorchScript-exporter symbolics (roi_align, roi_pool, nms at opsets 11 and 16)
     # when torchvision.ops is imported; opbridge's rules for its ops must still win where they exist, whichever
     # of the two packages is imported first.
     _when_imported("torchvision.ops", _register_torchvision_rules)
     # torchvision's detectors branch on a data-dependent box count in batched_nms: torch.export stops there.
     _when_imported("torchvision.ops", _install_batched_nms)
+
+
+def _restore_rules_after_unregister() -> None:
+    """torch.onnx.unregister_custom_op_symbolic, then opbridge's rule back where it had one (see
+    _legacy.restore_after_unregister): a user's symbolic registered over opbridge's and unregistered after an export,
+    as mmdeploy's rewriters do, leaves opbridge's rule in place rather than torch's."""
+    import torch.onnx
+
+    original = torch.onnx.unregister_custom_op_symbolic
+    if getattr(original, "_opbridge_restores", False):
+        return
+
+    @functools.wraps(original)
+    def unregister_custom_op_symbolic(symbolic_name: str, opset_version: int) -> None:
+        original(symbolic_name, opset_version)
+        from . import _legacy
+
+        _legacy.restore_after_unregister(symbolic_name, opset_version)
+
+    unregister_custom_op_symbolic._opbridge_restores = True  # type: ignore[attr-defined]
+    torch.onnx.unregister_custom_op_symbolic = unregister_custom_op_symbolic
+    utils = sys.modules.get("torch.onnx.utils")
+    if utils is not None and getattr(utils, "unregister_custom_op_symbolic", None) is original:
+        utils.unregister_custom_op_symbolic = unregister_custom_op_symbolic
 
 
 def _install_batched_nms(module: ModuleType) -> None:
