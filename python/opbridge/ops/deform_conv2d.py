@@ -85,6 +85,10 @@ def deform_conv2d(
     kernel, deterministic; double backward raises). Scriptable (``torch.jit.script``), traceable by
     ``torch.export`` and ``torch.compile``. Exports to ONNX ``DeformConv`` (opset >= 19), to standard ops
     below that, or to one ``opbridge::DeformConv2d`` node (see :mod:`opbridge.onnx`).
+
+    Memory: the forward (here and in the ORT node) copies the input channels-last and the weight into scratch memory
+    that the calling thread keeps for its next call, and each worker thread its block of sampled columns (about 4 MiB);
+    at most 512 MiB a block, larger requests are freed after the call (docs/architecture.md).
     """
     if not torch.jit.is_scripting():
         for name, value in (("input", input), ("offset", offset), ("weight", weight)):
