@@ -95,8 +95,6 @@ def restore_after_unregister(symbolic_name: str, opset: int) -> None:
     where it had one, comes back. A symbolic registered over opbridge's (mmdeploy's rewriters do so around each
     export) replaces it, and unregistering that one would otherwise leave torch's builtin rule for the rest of the
     process; a registration the user still holds at another opset is left alone."""
-    if opset not in {*range(MIN_OPSET, max_opset() + 1)}:
-        return
     for spec in specs.all_specs():
         if spec.symbolic_name == symbolic_name and opset in registration_opsets(spec):
             if spec.namespace == "torchvision" and "torchvision.ops" not in sys.modules:
