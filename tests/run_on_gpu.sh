@@ -17,10 +17,13 @@ export PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
 nvidia-smi -L || true
 "$python" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"
-# opbridge with its CUDA library (required here), built for this machine's torch and Python.
+# opbridge with its CUDA library (required here), built for this machine's torch, Python and GPU (machine code for
+# its architecture alone: half the compile time of the default's two).
+arch=$("$python" -c "import torch; print('%d%d' % torch.cuda.get_device_capability())")
 start=$(date +%s)
 "$python" -m pip install --no-build-isolation --no-deps --no-index -q \
-  --config-settings=cmake.define.OPBRIDGE_BUILD_CUDA=ON --config-settings=build-dir=build/gpu . 2>&1 | tail -30
+  --config-settings=cmake.define.OPBRIDGE_BUILD_CUDA=ON --config-settings=cmake.define.OPBRIDGE_CUDA_ARCHITECTURES="$arch" \
+  --config-settings=build-dir=build/gpu . 2>&1 | tail -30
 echo "build: $(( $(date +%s) - start )) s"
 # opbridge_ort's Python helpers (torch-free; the ORT library itself is not needed by these checks).
 runtime=$(mktemp -d)

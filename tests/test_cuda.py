@@ -109,15 +109,20 @@ MSDA_CONFIGS = [
     dict(batch=2, levels=((4, 6), (2, 3)), queries=5, heads=2, channels=48, points=4),  # 2 channels a lane
     dict(batch=1, levels=((4, 5),), queries=7, heads=1, channels=100, points=2),  # 4 channels a lane, a tail
     dict(batch=1, levels=((3, 3), (2, 2)), queries=6, heads=2, channels=3, points=2),  # a few lanes, shared warps
+    # 36 samples a row over 32 lanes (a partial second round of samples), 64 vectors a row (two passes of the lanes)
+    dict(batch=1, levels=((5, 6), (3, 3), (2, 2), (1, 2)), queries=40, heads=2, channels=256, points=9),
 ]
 
 
 @needs_gpu
-@pytest.mark.parametrize("config", MSDA_CONFIGS, ids=lambda c: f"D{c['channels']}")
+@pytest.mark.parametrize("table", ["cuda", "cpu"], ids=lambda d: f"table-on-{d}")
+@pytest.mark.parametrize("config", MSDA_CONFIGS, ids=lambda c: f"D{c['channels']}-LP{len(c['levels']) * c['points']}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_ms_deform_attn_forward_and_backward_match_the_cpu_op(config, dtype):
+def test_ms_deform_attn_forward_and_backward_match_the_cpu_op(config, dtype, table):
+    """The level table on the GPU (read and checked by the kernels) or on the CPU (checked on the host and passed
+    by value, as the ORT CUDA node does): the same results as the CPU op."""
     cpu = [t.requires_grad_(t.is_floating_point()) for t in _msda_on("cpu", dtype, **config)]
-    gpu = [t.detach().to(CUDA).requires_grad_(t.is_floating_point()) for t in cpu]
+    gpu = [t.detach().to(CUDA if t.is_floating_point() else table).requires_grad_(t.is_floating_point()) for t in cpu]
     out_cpu, out_gpu = opbridge.ms_deform_attn(*cpu), opbridge.ms_deform_attn(*gpu)
     _close(out_gpu, out_cpu, dtype)
     _close(out_gpu, msda_reference(*cpu), dtype)
@@ -151,12 +156,51 @@ def test_ms_deform_attn_gradcheck_and_opcheck_on_cuda():
 
 @needs_gpu
 def test_ms_deform_attn_level_table_is_checked_on_cuda():
+    """A level table on the CPU is checked before the kernels run (a RuntimeError naming the numbers); mixed
+    devices are refused."""
     value, shapes, starts, locations, weights = _msda_on(CUDA, torch.float32, batch=1, levels=((3, 4), (2, 2)),
                                                          queries=3, heads=1, channels=4, points=1)  # fmt: skip
     with pytest.raises(RuntimeError, match="level_start_index"):
-        opbridge.ms_deform_attn(value, shapes, starts + 1, locations, weights)
+        opbridge.ms_deform_attn(value, shapes.cpu(), starts.cpu() + 1, locations, weights)
+    with pytest.raises(RuntimeError, match="cover 20 keys"):
+        opbridge.ms_deform_attn(value, (shapes + 1).cpu(), torch.tensor([0, 20]), locations, weights)
     with pytest.raises(RuntimeError, match="device"):
         opbridge.ms_deform_attn(value, shapes, starts, locations.cpu(), weights)
+    with pytest.raises(RuntimeError, match="both on the CPU"):
+        opbridge.ms_deform_attn(value, shapes.cpu(), starts, locations, weights)
+
+
+_BAD_TABLE = """
+import ctypes, os, sys, torch, opbridge
+from opbridge.ops.ms_deform_attn import sample_inputs
+value, shapes, starts, locations, weights = (t.cuda() for t in sample_inputs(torch.float32, 1, ((3, 4), (2, 2)), 3, 1,
+                                                                              4, 1))
+opbridge.ms_deform_attn(value, shapes, starts, locations, weights)
+torch.cuda.synchronize()
+print("good table ran", flush=True)
+bad = {"starts": (shapes, starts + 1), "areas": (shapes + 1, starts), "negative": (-shapes, starts)}[sys.argv[1]]
+try:
+    opbridge.ms_deform_attn(value, *bad, locations, weights)
+    torch.cuda.synchronize()
+except RuntimeError as error:
+    print("raised:", error, flush=True)
+    ctypes.CDLL(None).fflush(None)  # the device's assertion message, printed through C's stdout
+    os._exit(3)  # no interpreter teardown on a CUDA context the assertion ended
+print("no error", flush=True)
+"""
+
+
+@needs_gpu
+@pytest.mark.parametrize("fault", ["starts", "areas", "negative"])
+def test_ms_deform_attn_level_table_on_the_gpu_is_checked_by_the_kernel(fault):
+    """A level table in GPU memory is not copied to the host: a bad one stops the kernel with a device-side
+    assertion that names the op (in a process of its own: such an error ends the process's CUDA context)."""
+    result = subprocess.run([sys.executable, "-c", _BAD_TABLE, fault], capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert "good table ran" in result.stdout, output
+    assert result.returncode == 3 and "raised:" in result.stdout, output
+    assert "device-side assert" in result.stdout, output
+    assert "opbridge::ms_deform_attn: spatial_shapes" in output, output
 
 
 def _deform_inputs(device, dtype, batch=2, channels=6, size=(9, 11), out_channels=4, kernel=(3, 3), groups=1,
@@ -285,15 +329,22 @@ def test_the_ops_run_on_torchs_current_stream():
     with torch.cuda.stream(stream):  # warm-up on the side stream, as CUDA graphs require
         opbridge.my_add(a, a), opbridge.deform_conv2d(**args, **geometry)
     torch.cuda.current_stream().wait_stream(stream)
+    msda = _msda_on(CUDA, torch.float32, **MSDA_CONFIGS[0])  # the level table on the GPU: no copy to the host
+    with torch.cuda.stream(stream):  # warm-up on the side stream, as CUDA graphs require
+        opbridge.ms_deform_attn(*msda)
+    torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         added = opbridge.my_add(a, a)
         convolved = opbridge.deform_conv2d(**args, **geometry)
+        attended = opbridge.ms_deform_attn(*msda)
     a.copy_(torch.randn(1000, device=CUDA))
+    msda[0].copy_(torch.randn_like(msda[0]))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(added, 3 * a)
     _close(convolved, opbridge.deform_conv2d(**args, **geometry), torch.float32)
+    _close(attended, msda_reference(*msda), torch.float32)
 
 
 @needs_gpu

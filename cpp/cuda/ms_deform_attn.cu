@@ -18,16 +18,25 @@ namespace {
 using api::Tensor;
 using kernels::MSDeformAttnShape;
 
-using kernels::cuda::MSDeformAttnLevels;
+using kernels::cuda::MSDeformAttnLevelTile;
+using kernels::cuda::MSDeformAttnSlot;
+using kernels::cuda::MSDeformAttnTable;
 using kernels::cuda::Vec;
 
-MSDeformAttnLevels levels_of(const ms_deform_attn_op::Inputs& in) {
-  MSDeformAttnLevels levels;
-  OPBRIDGE_CHECK(kernels::cuda::ms_deform_attn_levels(in.shape, api::data<int64_t>(in.spatial_shapes),
-                                                      api::data<int64_t>(in.level_start_index), levels),
-                 "opbridge::ms_deform_attn: the CUDA kernels take up to ", kernels::cuda::kMaxLevels, " levels, got ",
-                 in.shape.levels);
-  return levels;
+// The launch's level table: by value where it is on the host (checked there), else the device tensors.
+MSDeformAttnTable table_of(const ms_deform_attn_op::Inputs& in) {
+  const char* unsupported = kernels::cuda::ms_deform_attn_unsupported(in.shape);
+  OPBRIDGE_CHECK(unsupported == nullptr, "opbridge::ms_deform_attn: ", unsupported, ", got ", in.shape.levels,
+                 " levels and ", in.shape.keys, " keys");
+  MSDeformAttnTable table;
+  if (in.table_on_host) {
+    kernels::cuda::ms_deform_attn_levels(in.shape, api::data<int64_t>(in.spatial_shapes),
+                                         api::data<int64_t>(in.level_start_index), table.levels);
+  } else {
+    table.shapes = api::data<int64_t>(in.spatial_shapes);
+    table.starts = api::data<int64_t>(in.level_start_index);
+  }
+  return table;
 }
 
 // target[0..kVec) += value[0..kVec) atomically: one vector atomic for float x 4 on sm_90, else per element.
@@ -46,65 +55,86 @@ __device__ inline void atomic_add(T* target, const T (&value)[kVec]) {
   }
 }
 
-// The backward in the forward's layout (vectors of kVec channels, `lanes` threads a row). Per sample, each lane
-// adds its channels' terms of the four dot products g . v_c and scatters a * w_c * g into grad_value; the lanes'
-// partial dots are then summed by shuffles in a fixed order, and lane 0 writes the sample's gradients.
+// The backward in the forward's layout (vectors of kVec channels, `lanes` threads a row, the row's samples computed
+// once into shared-memory slots as in the forward). Per sample, each lane adds its channels' terms of the four dot
+// products g . v_c and scatters a * w_c * g into grad_value; the lanes' partial dots are then summed by shuffles in
+// a fixed order, and the lane that computed the sample keeps them and writes the sample's gradients.
 template <class T, int kVec>
-__global__ void backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ value,
-                                const T* __restrict__ locations, const T* __restrict__ weights, MSDeformAttnShape s,
-                                MSDeformAttnLevels levels, int lanes, T* grad_value, T* __restrict__ grad_locations,
-                                T* __restrict__ grad_weights) {
+__global__ void __launch_bounds__(cuda::kThreads, 2)
+    backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ value, const T* __restrict__ locations,
+                    const T* __restrict__ weights, MSDeformAttnShape s, MSDeformAttnTable table, int lanes,
+                    T* grad_value, T* __restrict__ grad_locations, T* __restrict__ grad_weights) {
   using V = Vec<T, kVec>;
+  __shared__ MSDeformAttnLevelTile levels;
+  __shared__ MSDeformAttnSlot<T> slots[cuda::kThreads];
+  kernels::cuda::ms_deform_attn_load_levels(table, s, levels);
   const int64_t rows = s.batch * s.queries * s.heads, lp = s.levels * s.points, d = s.channels;
   const int64_t key_stride = s.heads * d;
+  const int lane = static_cast<int>(threadIdx.x) & (lanes - 1);
+  MSDeformAttnSlot<T>* group = slots + (threadIdx.x - lane);
   OPBRIDGE_WARP_LOOP(t, rows * lanes) {
     const bool active = t < rows * lanes;
-    const int64_t row = active ? t / lanes : 0, lane = t % lanes, m = row % s.heads, n = row / (s.heads * s.queries);
+    const int64_t row = active ? t / lanes : 0, m = row % s.heads, n = row / (s.heads * s.queries);
     const T* value_nm = value + (n * s.keys * s.heads + m) * d;
     T* grad_value_nm = grad_value + (n * s.keys * s.heads + m) * d;
     const T* g = grad_out + row * d;
     const T* loc = locations + row * lp * 2;
     const T* attn = weights + row * lp;
-    for (int64_t l = 0; l < s.levels; ++l) {
-      for (int64_t p = 0; p < s.points; ++p) {
-        const int64_t i = l * s.points + p;
-        const auto sample = kernels::ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], levels.height[l],
-                                                           levels.width[l], levels.start[l]);
-        bool inside[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) inside[c] = active && sample.any && sample.inside[c];
-        const T a = attn[i];
+    for (int64_t first = 0; first < lp; first += lanes) {
+      const int64_t own = first + lane;  // the sample this lane computes
+      const bool owns = active && own < lp;
+      group[lane] = owns ? kernels::cuda::ms_deform_attn_slot(loc, attn, own, s.points, levels)
+                         : kernels::cuda::ms_deform_attn_empty_slot<T>();
+      __syncwarp();
+      T own_dots[4] = {T(0), T(0), T(0), T(0)};
+      const int count = static_cast<int>(lp - first < lanes ? lp - first : lanes);
+      for (int i = 0; i < count; ++i) {
+        const MSDeformAttnSlot<T> slot = group[i];
         T dots[4] = {T(0), T(0), T(0), T(0)};
-        for (int64_t c0 = lane * kVec; c0 < d; c0 += lanes * kVec) {
-          if (!active || !sample.any) break;
+        for (int64_t c0 = lane * kVec; active && c0 < d; c0 += lanes * kVec) {
           const V gv = *reinterpret_cast<const V*>(g + c0);
+          V v[4];  // the four corners' loads issued together, before their uses
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            if (!inside[k]) continue;
-            const int64_t offset = sample.key[k] * key_stride + c0;
-            const V v = *reinterpret_cast<const V*>(value_nm + offset);
-            const T scale = a * sample.weight[k];
+            if (slot.key[k] >= 0) {
+              v[k] = *reinterpret_cast<const V*>(value_nm + static_cast<int64_t>(slot.key[k]) * key_stride + c0);
+            } else {
+#pragma unroll
+              for (int j = 0; j < kVec; ++j) v[k].v[j] = T(0);
+            }
+          }
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            if (slot.key[k] < 0) continue;
             T add[kVec];
 #pragma unroll
             for (int j = 0; j < kVec; ++j) {
-              dots[k] += gv.v[j] * v.v[j];
-              add[j] = scale * gv.v[j];
+              dots[k] += gv.v[j] * v[k].v[j];
+              add[j] = slot.weight[k] * gv.v[j];
             }
-            atomic_add<T, kVec>(grad_value_nm + offset, add);
+            atomic_add<T, kVec>(grad_value_nm + static_cast<int64_t>(slot.key[k]) * key_stride + c0, add);
           }
         }
         for (int offset = lanes / 2; offset > 0; offset /= 2) {
 #pragma unroll
           for (int k = 0; k < 4; ++k) dots[k] += __shfl_xor_sync(0xffffffffu, dots[k], offset, lanes);
         }
-        if (active && lane == 0) {
-          T* grad_loc = grad_locations + (row * lp + i) * 2;
-          if (sample.any) {
-            kernels::ms_deform_attn_sample_grads(sample, dots, a, levels.height[l], levels.width[l],
-                                                 grad_weights[row * lp + i], grad_loc[0], grad_loc[1]);
-          } else {
-            grad_weights[row * lp + i] = grad_loc[0] = grad_loc[1] = T(0);
-          }
+        if (lane == i) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) own_dots[k] = dots[k];
+        }
+      }
+      __syncwarp();  // the slots are read before the next samples overwrite them
+      if (owns) {  // the sample again (cheaper than holding it in registers over the loop)
+        const int64_t l = own / s.points;
+        const auto sample = kernels::cuda::ms_deform_attn_sample_at(loc, own, s.points, levels);
+        const T a = attn[own];
+        T* grad_loc = grad_locations + (row * lp + own) * 2;
+        if (sample.any) {
+          kernels::ms_deform_attn_sample_grads(sample, own_dots, a, levels.height[l], levels.width[l],
+                                               grad_weights[row * lp + own], grad_loc[0], grad_loc[1]);
+        } else {
+          grad_weights[row * lp + own] = grad_loc[0] = grad_loc[1] = T(0);
         }
       }
     }
@@ -118,13 +148,13 @@ Tensor ms_deform_attn_cuda(const Tensor& value, const Tensor& spatial_shapes, co
   const auto& s = in.shape;
   auto out = api::empty_on({s.batch, s.queries, s.heads * s.channels}, value.scalar_type(), value);
   if (out.numel() == 0) return out;
-  const MSDeformAttnLevels levels = levels_of(in);
+  const MSDeformAttnTable table = table_of(in);
   const cuda::Context context(value);
   cudaError_t error = cudaSuccess;
   api::dispatch_floating(value.scalar_type(), "opbridge::ms_deform_attn", [&](auto tag) {
     using T = decltype(tag);
     error = kernels::cuda::ms_deform_attn_forward(api::data<T>(in.value), api::data<T>(in.sampling_locations),
-                                                  api::data<T>(in.attention_weights), api::data<T>(out), s, levels,
+                                                  api::data<T>(in.attention_weights), api::data<T>(out), s, table,
                                                   context.stream);
   });
   cuda::check_launch("opbridge::ms_deform_attn", error);
@@ -156,7 +186,7 @@ std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cuda(const Tensor& gr
     torch::stable::zero_(grad_weights);
     return {grad_value, grad_locations, grad_weights};
   }
-  const MSDeformAttnLevels levels = levels_of(in);
+  const MSDeformAttnTable table = table_of(in);
   const cuda::Context context(value);
   api::dispatch_floating(dtype, "opbridge::ms_deform_attn_backward", [&](auto tag) {
     using T = decltype(tag);
@@ -168,7 +198,7 @@ std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cuda(const Tensor& gr
     auto kernel = vectors ? backward_kernel<T, kVec> : backward_kernel<T, 1>;
     kernel<<<blocks, cuda::kThreads, 0, context.stream>>>(
         api::data<T>(g), api::data<T>(in.value), api::data<T>(in.sampling_locations),
-        api::data<T>(in.attention_weights), s, levels, lanes, api::data<T>(grad_value), api::data<T>(grad_locations),
+        api::data<T>(in.attention_weights), s, table, lanes, api::data<T>(grad_value), api::data<T>(grad_locations),
         api::data<T>(grad_weights));
   });
   cuda::check_launch("opbridge::ms_deform_attn_backward");

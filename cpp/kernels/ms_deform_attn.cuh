@@ -1,26 +1,58 @@
-// Multi-scale deformable attention's CUDA forward, shared by the torch CUDA op (cpp/cuda/ms_deform_attn.cu) and
+// Multi-scale deformable attention's CUDA kernels, shared by the torch CUDA op (cpp/cuda/ms_deform_attn.cu) and
 // the ORT CUDA library (cpp/ort/cuda): kernels/ms_deform_attn.h's sample arithmetic (corners, bilinear weights)
 // per (image, query, head) row, as on the CPU.
 //
 // A row's channels are spread over `lanes` threads (a power of two up to a warp; each thread owns 16-byte vectors
-// of channels lane, lane + lanes, ...), so a corner's value row is read in one coalesced access; every sample's
-// four corners are loaded before their multiply-adds, which follow the CPU kernel's order
-// (acc += w0 v0 + w1 v1 + w2 v2 + w3 v3). The forward owns its output elements: deterministic.
+// of channels lane, lane + lanes, ...), so a corner's value row is read in one coalesced access. The row's samples
+// are computed once, not once a lane: the lanes take `lanes` samples at a time, one each (its location and
+// attention weight read coalesced), and leave its corner keys and weights in a shared-memory slot that the row's
+// lanes then read (a broadcast); every sample's four corners are loaded before their multiply-adds, which follow
+// the CPU kernel's order (acc += w0 v0 + w1 v1 + w2 v2 + w3 v3). The forward owns its output elements:
+// deterministic.
+//
+// The level table reaches a launch either by value, checked on the host (the ORT node reads it in host memory), or
+// as device tensors (the torch op's usual case: spatial_shapes on the GPU as the model made it), which every block
+// copies into shared memory and checks before it reads value: a table that does not tile value's keys stops the
+// kernel with a device-side assertion (as torch's own CUDA kernels do for an index out of range) instead of a copy
+// to the host and a synchronization on every call.
 #pragma once
 
+#include <cassert>
 #include <cstdint>
 #include <initializer_list>
 
 #include "kernels/cuda_grid.cuh"
 #include "kernels/ms_deform_attn.h"
 
+// glibc's __assert_fail, which CUDA device code may call (the bad level table's assertion): <assert.h> declares it
+// only without NDEBUG, so it is declared here as torch's c10 headers declare it (the same declaration as glibc's,
+// __host__ __device__ in the device pass).
+#if defined(NDEBUG)
+extern "C" {
+#if defined(__CUDA_ARCH__)
+__host__ __device__
+#endif
+    void
+    __assert_fail(const char* assertion, const char* file, unsigned int line, const char* function) noexcept
+    __attribute__((__noreturn__));
+}
+#endif
+
 namespace opbridge::kernels::cuda {
 
 constexpr int kMaxLevels = 32;
 
-// The checked level table, by value: the kernels read no table from device memory.
+// The checked level table, by value.
 struct MSDeformAttnLevels {
   int64_t height[kMaxLevels], width[kMaxLevels], start[kMaxLevels];
+};
+
+// Where a launch reads the level table: `levels` when `shapes` is null, else the int64 device tensors `shapes`
+// [L, 2] and `starts` [L] (checked by the kernels).
+struct MSDeformAttnTable {
+  MSDeformAttnLevels levels{};
+  const int64_t* shapes = nullptr;
+  const int64_t* starts = nullptr;
 };
 
 // The table from host copies of spatial_shapes [L, 2] and level_start_index [L] (already checked against value
@@ -36,6 +68,14 @@ inline bool ms_deform_attn_levels(const MSDeformAttnShape& s, const int64_t* spa
   return true;
 }
 
+// Why the CUDA kernels cannot take a problem of this shape (nullptr: they can): the level table lives in shared
+// memory, and a sample's corner keys are held as int32.
+inline const char* ms_deform_attn_unsupported(const MSDeformAttnShape& s) {
+  if (s.levels > kMaxLevels) return "the CUDA kernels take up to 32 levels";
+  if (s.keys >= (int64_t(1) << 31)) return "the CUDA kernels take fewer than 2^31 keys (value's dimension 1)";
+  return nullptr;
+}
+
 // Threads per row for rows of `units` (channels, or vectors of them): up to a warp.
 inline int ms_deform_attn_lanes(int64_t units) {
   int lanes = 1;
@@ -44,7 +84,7 @@ inline int ms_deform_attn_lanes(int64_t units) {
 }
 
 // Loops a warp's threads over rows * lanes work items together (the bound is the same for the whole warp, so
-// shuffles are never reached by part of a warp).
+// shuffles and __syncwarp are never reached by part of a warp).
 #define OPBRIDGE_WARP_LOOP(t, total)                                            \
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
        t - static_cast<int64_t>(threadIdx.x & 31) < (total); t += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -65,67 +105,160 @@ bool ms_deform_attn_vectors(const MSDeformAttnShape& s, std::initializer_list<co
   return true;
 }
 
+// The level table in a block's shared memory.
+struct MSDeformAttnLevelTile {
+  int64_t height[kMaxLevels], width[kMaxLevels], start[kMaxLevels];
+};
+
+// Fills `tile` from `table` (needs blockDim.x >= kMaxLevels; every thread of the block calls it). A device table is
+// checked as check_ms_deform_attn checks a host one: sizes in [0, 2^31), each level starting where the ones before
+// it end, the levels covering value's keys exactly; anything else is a device-side assertion, before any thread
+// reads value with it.
+__device__ inline void ms_deform_attn_load_levels(const MSDeformAttnTable& table, const MSDeformAttnShape& s,
+                                                  MSDeformAttnLevelTile& tile) {
+  const int l = threadIdx.x;
+  if (l < s.levels) {
+    tile.height[l] = table.shapes != nullptr ? table.shapes[2 * l] : table.levels.height[l];
+    tile.width[l] = table.shapes != nullptr ? table.shapes[2 * l + 1] : table.levels.width[l];
+    tile.start[l] = table.shapes != nullptr ? table.starts[l] : table.levels.start[l];
+  }
+  __syncthreads();
+  if (table.shapes != nullptr && threadIdx.x == 0) {
+    constexpr int64_t kMaxSide = int64_t(1) << 31;
+    int64_t total = 0;
+    bool tiles = true;
+    for (int64_t level = 0; tiles && level < s.levels; ++level) {
+      const int64_t height = tile.height[level], width = tile.width[level];
+      tiles = height >= 0 && width >= 0 && height < kMaxSide && width < kMaxSide && tile.start[level] == total;
+      total += tiles ? height * width : 0;
+      tiles = tiles && total <= s.keys;
+    }
+    if (!tiles || total != s.keys) {
+      __assert_fail(
+          "opbridge::ms_deform_attn: spatial_shapes [L, 2] must hold sizes in [0, 2^31) whose areas tile value's "
+          "keys (dimension 1) in order, level_start_index[l] being the sum of height * width of the levels before "
+          "l; pass the level table on the CPU to have it checked there with a RuntimeError",
+          __FILE__, __LINE__, __func__);
+    }
+  }
+  __syncthreads();
+}
+
+// One sample as the row's lanes read it: its corners' keys in the level's map (-1: off the map, read as zeros) and
+// their weights (the forward's: attention weight times bilinear weight).
+template <class T>
+struct alignas(16) MSDeformAttnSlot {
+  int32_t key[4];
+  T weight[4];
+};
+
+// Sample i of a row (i < L * P): kernels/ms_deform_attn.h's arithmetic on its location and level.
+template <class T>
+__device__ inline MSDeformAttnSample<T> ms_deform_attn_sample_at(const T* loc, int64_t i, int64_t points,
+                                                                 const MSDeformAttnLevelTile& levels) {
+  const int64_t l = i / points;
+  return ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], levels.height[l], levels.width[l], levels.start[l]);
+}
+
+// Sample i of a row as its slot.
+template <class T>
+__device__ inline MSDeformAttnSlot<T> ms_deform_attn_slot(const T* loc, const T* attn, int64_t i, int64_t points,
+                                                          const MSDeformAttnLevelTile& levels) {
+  const auto sample = ms_deform_attn_sample_at(loc, i, points, levels);
+  const T a = attn[i];
+  MSDeformAttnSlot<T> slot;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const bool inside = sample.any && sample.inside[k];
+    slot.key[k] = inside ? static_cast<int32_t>(sample.key[k]) : -1;
+    slot.weight[k] = inside ? a * sample.weight[k] : T(0);
+  }
+  return slot;
+}
+
+template <class T>
+__device__ inline MSDeformAttnSlot<T> ms_deform_attn_empty_slot() {
+  MSDeformAttnSlot<T> slot;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) slot.key[k] = -1, slot.weight[k] = T(0);
+  return slot;
+}
+
 template <class T, int kVec>
-__global__ void ms_deform_attn_forward_kernel(const T* __restrict__ value, const T* __restrict__ locations,
-                                              const T* __restrict__ weights, T* __restrict__ out, MSDeformAttnShape s,
-                                              MSDeformAttnLevels levels, int lanes) {
+__global__ void __launch_bounds__(kThreads)
+    ms_deform_attn_forward_kernel(const T* __restrict__ value, const T* __restrict__ locations,
+                                  const T* __restrict__ weights, T* __restrict__ out, MSDeformAttnShape s,
+                                  MSDeformAttnTable table, int lanes) {
   using V = Vec<T, kVec>;
+  __shared__ MSDeformAttnLevelTile levels;
+  __shared__ MSDeformAttnSlot<T> slots[kThreads];
+  ms_deform_attn_load_levels(table, s, levels);
   const int64_t rows = s.batch * s.queries * s.heads, lp = s.levels * s.points, d = s.channels;
   const int64_t key_stride = s.heads * d;
+  const int lane = static_cast<int>(threadIdx.x) & (lanes - 1);
+  MSDeformAttnSlot<T>* group = slots + (threadIdx.x - lane);  // the row's lanes' slots
   OPBRIDGE_WARP_LOOP(t, rows * lanes) {
-    if (t >= rows * lanes) continue;
-    const int64_t row = t / lanes, lane = t % lanes, m = row % s.heads, n = row / (s.heads * s.queries);
+    const bool active = t < rows * lanes;
+    const int64_t row = active ? t / lanes : 0, m = row % s.heads, n = row / (s.heads * s.queries);
     const T* value_nm = value + (n * s.keys * s.heads + m) * d;
     const T* loc = locations + row * lp * 2;
     const T* attn = weights + row * lp;
-    for (int64_t c0 = lane * kVec; c0 < d; c0 += lanes * kVec) {
+    for (int64_t c_base = 0; c_base < d; c_base += static_cast<int64_t>(lanes) * kVec) {
+      const int64_t c0 = c_base + lane * kVec;
+      const bool mine = active && c0 < d;
       T acc[kVec];
 #pragma unroll
       for (int j = 0; j < kVec; ++j) acc[j] = T(0);
-      for (int64_t l = 0; l < s.levels; ++l) {
-        for (int64_t p = 0; p < s.points; ++p) {
-          const int64_t i = l * s.points + p;
-          const auto sample =
-              ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], levels.height[l], levels.width[l], levels.start[l]);
-          if (!sample.any) continue;
-          const T a = attn[i];
-          T w[4];
-          V v[4];
+      for (int64_t first = 0; first < lp; first += lanes) {
+        group[lane] = active && first + lane < lp ? ms_deform_attn_slot(loc, attn, first + lane, s.points, levels)
+                                                  : ms_deform_attn_empty_slot<T>();
+        __syncwarp();
+        const int count = static_cast<int>(lp - first < lanes ? lp - first : lanes);
+        if (mine) {
+#pragma unroll 2
+          for (int i = 0; i < count; ++i) {
+            const MSDeformAttnSlot<T> slot = group[i];
+            V v[4];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            w[k] = sample.inside[k] ? a * sample.weight[k] : T(0);
-            if (sample.inside[k]) {
-              v[k] = *reinterpret_cast<const V*>(value_nm + sample.key[k] * key_stride + c0);
-            } else {
+            for (int k = 0; k < 4; ++k) {
+              if (slot.key[k] >= 0) {
+                v[k] = *reinterpret_cast<const V*>(value_nm + static_cast<int64_t>(slot.key[k]) * key_stride + c0);
+              } else {
 #pragma unroll
-              for (int j = 0; j < kVec; ++j) v[k].v[j] = T(0);
+                for (int j = 0; j < kVec; ++j) v[k].v[j] = T(0);
+              }
+            }
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              acc[j] += slot.weight[0] * v[0].v[j] + slot.weight[1] * v[1].v[j] + slot.weight[2] * v[2].v[j] +
+                        slot.weight[3] * v[3].v[j];
             }
           }
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            acc[j] += w[0] * v[0].v[j] + w[1] * v[1].v[j] + w[2] * v[2].v[j] + w[3] * v[3].v[j];
-          }
         }
+        __syncwarp();  // the slots are read before the next samples overwrite them
       }
-      V result;
+      if (mine) {
+        V result;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) result.v[j] = acc[j];
-      *reinterpret_cast<V*>(out + row * d + c0) = result;
+        for (int j = 0; j < kVec; ++j) result.v[j] = acc[j];
+        *reinterpret_cast<V*>(out + row * d + c0) = result;
+      }
     }
   }
 }
 
 // Launches the forward on `stream` (contiguous value [N, S, M, D], locations [N, Q, M, L, P, 2], weights
-// [N, Q, M, L, P], out [N, Q, M * D]); returns the launch's error (cudaSuccess when it started).
+// [N, Q, M, L, P], out [N, Q, M * D]; ms_deform_attn_unsupported(s) == nullptr); returns the launch's error
+// (cudaSuccess when it started).
 template <class T>
 cudaError_t ms_deform_attn_forward(const T* value, const T* locations, const T* weights, T* out,
-                                   const MSDeformAttnShape& s, const MSDeformAttnLevels& levels, cudaStream_t stream) {
+                                   const MSDeformAttnShape& s, const MSDeformAttnTable& table, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const bool vectors = ms_deform_attn_vectors<T>(s, {value, out});
   const int lanes = ms_deform_attn_lanes(vectors ? s.channels / kVec : s.channels);
   const unsigned blocks = blocks_for(s.batch * s.queries * s.heads * lanes);
   auto kernel = vectors ? ms_deform_attn_forward_kernel<T, kVec> : ms_deform_attn_forward_kernel<T, 1>;
-  kernel<<<blocks, kThreads, 0, stream>>>(value, locations, weights, out, s, levels, lanes);
+  kernel<<<blocks, kThreads, 0, stream>>>(value, locations, weights, out, s, table, lanes);
   return cudaGetLastError();
 }
 

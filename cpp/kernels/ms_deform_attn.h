@@ -53,7 +53,8 @@ struct MSDeformAttnNames {
 };
 
 // Checks the shapes of the five inputs and the level table (the data of spatial_shapes and
-// level_start_index, int64, read on the host) and fills `shape`.
+// level_start_index, int64, read on the host; null where the table is in device memory, whose values the CUDA
+// kernels check) and fills `shape`.
 inline Status check_ms_deform_attn(const MSDeformAttnNames& names, const std::vector<int64_t>& value,
                                    const std::vector<int64_t>& spatial_shapes,
                                    const std::vector<int64_t>& level_start_index,
@@ -93,10 +94,11 @@ inline Status check_ms_deform_attn(const MSDeformAttnNames& names, const std::ve
   for (int64_t size : value) {
     if (size < 0) return fail(std::string(names.value) + " has a negative size: " + shape_to_string(value));
   }
-  // The level table: non-negative sizes whose areas tile S in order.
+  // The level table: non-negative sizes whose areas tile S in order (where its values are on the host: the CUDA
+  // kernels check a table in device memory themselves, kernels/ms_deform_attn.cuh).
   constexpr int64_t kMaxSide = int64_t(1) << 31;
-  int64_t total = 0;
-  for (int64_t l = 0; l < levels; ++l) {
+  int64_t total = spatial_data != nullptr ? 0 : value[1];
+  for (int64_t l = 0; spatial_data != nullptr && l < levels; ++l) {
     const int64_t height = spatial_data[2 * l], width = spatial_data[2 * l + 1];
     if (height < 0 || width < 0 || height >= kMaxSide || width >= kMaxSide) {
       return fail(std::string(names.spatial_shapes) + "[" + std::to_string(l) + "] = (" + std::to_string(height) +

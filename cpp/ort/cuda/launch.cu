@@ -36,11 +36,10 @@ template <class T>
 const char* ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
                            const T* locations, const T* weights, T* out, const kernels::MSDeformAttnShape& shape,
                            void* stream) {
-  kernels::cuda::MSDeformAttnLevels levels;
-  if (!kernels::cuda::ms_deform_attn_levels(shape, spatial_shapes, level_start_index, levels)) {
-    return "the CUDA kernel takes up to 32 levels";
-  }
-  return message(kernels::cuda::ms_deform_attn_forward(value, locations, weights, out, shape, levels,
+  if (const char* unsupported = kernels::cuda::ms_deform_attn_unsupported(shape)) return unsupported;
+  kernels::cuda::MSDeformAttnTable table;
+  kernels::cuda::ms_deform_attn_levels(shape, spatial_shapes, level_start_index, table.levels);
+  return message(kernels::cuda::ms_deform_attn_forward(value, locations, weights, out, shape, table,
                                                        static_cast<cudaStream_t>(stream)));
 }
 

@@ -57,12 +57,19 @@ def ms_deform_attn(
 
     Raises:
         TypeError: an argument is not a tensor.
-        RuntimeError: dtypes differ or are not float32/float64 (the level table: any integer type), a tensor
-            is not on the CPU, the shapes disagree, or the level table does not tile S (the message gives the
-            numbers).
+        RuntimeError: dtypes differ or are not float32/float64 (the level table: any integer type), the tensors
+            are on different devices, the shapes disagree, or the level table does not tile S (the message gives
+            the numbers).
 
-    A location outside the map (or NaN) samples zeros. float32 or float64, CPU. Differentiable in value,
-    sampling_locations and attention_weights (deterministic C++ backward; double backward raises).
+    A location outside the map (or NaN) samples zeros. float32 or float64, on the CPU, or on an NVIDIA GPU with
+    opbridge's CUDA library. Differentiable in value, sampling_locations and attention_weights (deterministic C++
+    backward on the CPU; on CUDA grad_value is added with atomics; double backward raises).
+
+    On CUDA the level table may be on the GPU (as models build it) or on the CPU. A table on the CPU is checked
+    before the kernels run, with a RuntimeError; one on the GPU is not copied to the host (that would synchronize
+    every call and keep the op out of CUDA graphs): the kernels check it on the device, and a table that does not
+    tile S stops them with a device-side assertion ("device-side assert triggered"), as torch's own CUDA kernels do
+    for an index out of range.
     Scriptable, traceable by ``torch.export`` and ``torch.compile``; exports to one
     ``opbridge::MultiScaleDeformableAttention`` node or to standard ONNX ops (see :mod:`opbridge.onnx`).
 
@@ -83,8 +90,8 @@ def ms_deform_attn(
 @torch.library.register_fake("opbridge::ms_deform_attn")
 def _ms_deform_attn_fake(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
     op = "opbridge::ms_deform_attn"
-    _checks.one_device(op, value=value, spatial_shapes=spatial_shapes, level_start_index=level_start_index,
-                       sampling_locations=sampling_locations, attention_weights=attention_weights)  # fmt: skip
+    _checks.one_device(op, value=value, sampling_locations=sampling_locations, attention_weights=attention_weights)
+    _level_table_device(op, value, spatial_shapes, level_start_index)
     torch._check(
         value.dim() == 4 and sampling_locations.dim() == 6 and attention_weights.dim() == 5,
         lambda: (
@@ -113,6 +120,18 @@ def _ms_deform_attn_fake(value, spatial_shapes, level_start_index, sampling_loca
         ),
     )
     return value.new_empty((n, sampling_locations.shape[1], heads * channels))
+
+
+def _level_table_device(op: str, value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor) -> None:
+    """The level table on value's device or on the CPU, both halves on one (the kernels' rule)."""
+    devices = {spatial_shapes.device, level_start_index.device}
+    torch._check(
+        devices in ({value.device}, {torch.device("cpu")}),
+        lambda: (
+            f"{op}: spatial_shapes and level_start_index must both be on the device of value ({value.device}) or "
+            f"both on the CPU, got {spatial_shapes.device} and {level_start_index.device}"
+        ),
+    )
 
 
 @torch.library.register_fake("opbridge::ms_deform_attn_backward")

@@ -274,11 +274,58 @@ def report(rows: list[dict], bandwidth: float) -> str:
     return "\n".join(lines)
 
 
+def profile_report(steps: int = 5) -> str:
+    """Where each path's GPU time goes: the CUDA kernels of `steps` forward + backward calls on the largest case of
+    each op (torch.profiler, self CUDA time per kernel, top 8), opbridge's and the baseline's."""
+    import torchvision
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..ops.ms_deform_attn import reference
+
+    inputs = [t.cuda() for t in encoder_inputs(CASES["800x1333 enc"])]
+    leaves = [inputs[0].clone().requires_grad_(), inputs[1], inputs[2], inputs[3].clone().requires_grad_(),
+              inputs[4].clone().requires_grad_()]  # fmt: skip
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    n, c, h, w = 8, 256, 50, 68
+    dcn = [torch.randn(n, c, h, w, device="cuda", generator=generator),
+           torch.randn(n, 18, h, w, device="cuda", generator=generator),
+           torch.randn(c, c, 3, 3, device="cuda", generator=generator) / (3 * c**0.5),
+           torch.randn(c, device="cuda", generator=generator),
+           torch.rand(n, 9, h, w, device="cuda", generator=generator)]  # fmt: skip
+    dcn = [t.requires_grad_() for t in dcn]
+    paths = {
+        "ms_deform_attn 800x1333 enc, opbridge": lambda: opbridge.ms_deform_attn(*leaves),
+        "ms_deform_attn 800x1333 enc, grid_sample": lambda: reference(*leaves),
+        "deform_conv2d N8 C256 50x68, opbridge": lambda: opbridge.deform_conv2d(*dcn[:4], padding=(1, 1), mask=dcn[4]),
+        "deform_conv2d N8 C256 50x68, torchvision": lambda: torchvision.ops.deform_conv2d(*dcn[:4], padding=(1, 1),
+                                                                                          mask=dcn[4]),
+    }  # fmt: skip
+    sections = []
+    for name, forward in paths.items():
+        for _ in range(2):
+            forward().sum().backward()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                forward().sum().backward()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+        kernels.sort(key=lambda e: -e.self_device_time_total)
+        total = sum(e.self_device_time_total for e in kernels) / steps / 1e3
+        lines = [f"### {name}: {total:.3f} ms of kernels a training step", "", "| kernel | calls a step | ms a step |",
+                 "|---|---|---|"]  # fmt: skip
+        for e in kernels[:8]:
+            lines.append(f"| `{e.key[:90]}` | {e.count / steps:g} | {e.self_device_time_total / steps / 1e3:.3f} |")
+        sections.append("\n".join(lines))
+    return "\n\n## Where the GPU time goes (forward + backward, torch.profiler)\n\n" + "\n\n".join(sections)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--markdown", type=Path, help="write the report here")
+    parser.add_argument("--no-profile", action="store_true", help="leave out the per-kernel breakdown")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or opbridge._extension.cuda_library is None:
         print("bench_cuda: no GPU, or no CUDA library in this opbridge: nothing to time", file=sys.stderr)
@@ -287,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = copy_bandwidth(args.repeat)
     rows = msda_rows(args.repeat, bandwidth) + deform_rows(args.repeat)
     ort = ort_rows(args.repeat)
-    text = report(rows, bandwidth) + ort_report(ort)
+    text = report(rows, bandwidth) + ort_report(ort) + ("" if args.no_profile else profile_report())
     print(text)
     if args.json:
         args.json.write_text(json.dumps({"bandwidth_gbs": bandwidth, "rows": rows, "ort_rows": ort}, indent=1))
