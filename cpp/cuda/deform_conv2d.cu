@@ -7,6 +7,7 @@
 // elements; grad_input is scattered with atomics (four corners per sample), so its last bits can vary between
 // runs (python/opbridge/ops/deform_conv2d.py raises or warns under torch.use_deterministic_algorithms).
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <tuple>
 
@@ -29,65 +30,75 @@ constexpr int64_t kColumnBudget = int64_t(256) << 20;
 using kernels::cuda::mask_at;
 using kernels::cuda::sample_at;
 
+// The kernels count their threads in I: int32 where every loop bound is below kInt32Loop (index_type below; a
+// chunk's columns always are), int64 otherwise. Pointer offsets are formed in int64.
+
 // columns[(c * K + k), b * P + p] for images [first, first + count): one thread per (channel, image, pixel).
-template <class T>
+template <class T, class I>
 __global__ void im2col_kernel(const T* __restrict__ input, const T* __restrict__ offset, const T* __restrict__ mask,
                               DeformConv2dShape s, int64_t first, int64_t count, T* __restrict__ columns) {
-  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, plane = s.height * s.width;
-  const int64_t width = count * pixels, per_offset_group = s.in_channels / s.offset_groups;
-  OPBRIDGE_GRID_LOOP(t, s.in_channels * width) {
-    const int64_t c = t / width, column = t % width, b = column / pixels, p = column % pixels, image = first + b;
-    const int64_t og = c / per_offset_group, oy = p / s.out_w, ox = p % s.out_w;
+  const I taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, out_w = s.out_w;
+  const I width = count * pixels, per_offset_group = s.in_channels / s.offset_groups;
+  const int64_t plane = s.height * s.width;
+  OPBRIDGE_GRID_LOOP_AS(I, t, s.in_channels * width) {
+    const I c = t / width, column = t - c * width, b = column / pixels, p = column - b * pixels;
+    const I og = c / per_offset_group, oy = p / out_w, ox = p - oy * out_w;
+    const int64_t image = first + b;
     const T* source = input + (image * s.in_channels + c) * plane;
+    T* target = columns + static_cast<int64_t>(c) * taps * width + column;
     OPBRIDGE_FOR_EACH_TAP(s, k, i, j) {
       const auto point = sample_at(s, offset, image, og, k, i, j, p, oy, ox);
       T v[4];
       point.values(source, s.width, v);
-      columns[(c * taps + k) * width + column] = point.value(v) * mask_at(s, mask, image, og, k, p);
+      target[k * width] = point.value(v) * mask_at(s, mask, image, og, k, p);
     }
   }
 }
 
 // out[first + b, o, p] = buffer[o, b * P + p] (+ bias[o]).
-template <class T>
+template <class T, class I>
 __global__ void scatter_out_kernel(const T* __restrict__ buffer, const T* __restrict__ bias, DeformConv2dShape s,
                                    int64_t first, int64_t count, T* __restrict__ out) {
-  const int64_t pixels = s.out_h * s.out_w, width = count * pixels;
-  OPBRIDGE_GRID_LOOP(t, s.out_channels * width) {
-    const int64_t o = t / width, column = t % width, b = column / pixels, p = column % pixels;
+  const I pixels = s.out_h * s.out_w, width = count * pixels;
+  OPBRIDGE_GRID_LOOP_AS(I, t, s.out_channels * width) {
+    const I o = t / width, column = t - o * width, b = column / pixels, p = column - b * pixels;
     out[((first + b) * s.out_channels + o) * pixels + p] = buffer[t] + (bias != nullptr ? bias[o] : T(0));
   }
 }
 
 // buffer[o, b * P + p] = grad_out[first + b, o, p].
-template <class T>
+template <class T, class I>
 __global__ void gather_grad_kernel(const T* __restrict__ grad_out, DeformConv2dShape s, int64_t first, int64_t count,
                                    T* __restrict__ buffer) {
-  const int64_t pixels = s.out_h * s.out_w, width = count * pixels;
-  OPBRIDGE_GRID_LOOP(t, s.out_channels * width) {
-    const int64_t o = t / width, column = t % width, b = column / pixels, p = column % pixels;
+  const I pixels = s.out_h * s.out_w, width = count * pixels;
+  OPBRIDGE_GRID_LOOP_AS(I, t, s.out_channels * width) {
+    const I o = t / width, column = t - o * width, b = column / pixels, p = column - b * pixels;
     buffer[t] = grad_out[((first + b) * s.out_channels + o) * pixels + p];
   }
 }
 
 // grad_offset and grad_mask: one thread per (image, offset group, tap, pixel) sums over its group's channels.
-template <class T>
+template <class T, class I>
 __global__ void offset_grad_kernel(const T* __restrict__ input, const T* __restrict__ offset,
                                    const T* __restrict__ mask, const T* __restrict__ grad_columns, DeformConv2dShape s,
                                    int64_t first, int64_t count, T* __restrict__ grad_offset,
                                    T* __restrict__ grad_mask) {
-  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, plane = s.height * s.width;
-  const int64_t width = count * pixels, per_offset_group = s.in_channels / s.offset_groups;
-  OPBRIDGE_GRID_LOOP(t, count * s.offset_groups * taps * pixels) {
-    const int64_t p = t % pixels, k = t / pixels % taps, og = t / (pixels * taps) % s.offset_groups;
-    const int64_t b = t / (pixels * taps * s.offset_groups), image = first + b;
-    const auto point = sample_at(s, offset, image, og, k, k / s.kernel_w, k % s.kernel_w, p, p / s.out_w, p % s.out_w);
+  const I taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, out_w = s.out_w, kernel_w = s.kernel_w;
+  const I width = count * pixels, per_offset_group = s.in_channels / s.offset_groups, groups = s.offset_groups;
+  const int64_t plane = s.height * s.width;
+  OPBRIDGE_GRID_LOOP_AS(I, t, count * s.offset_groups * taps * pixels) {
+    const I rest = t / pixels, p = t - rest * pixels, rest2 = rest / taps, k = rest - rest2 * taps;
+    const I b = rest2 / groups, og = rest2 - b * groups;
+    const I oy = p / out_w, ox = p - oy * out_w, i = k / kernel_w, j = k - i * kernel_w;
+    const int64_t image = first + b;
+    const auto point = sample_at(s, offset, image, og, k, i, j, p, oy, ox);
     T grad_y = T(0), grad_x = T(0), grad_m = T(0);
     if (point.inside) {
-      for (int64_t c = og * per_offset_group; c < (og + 1) * per_offset_group; ++c) {
+      const T* column = grad_columns + static_cast<int64_t>(k) * width + b * pixels + p;
+      for (I c = og * per_offset_group; c < (og + 1) * per_offset_group; ++c) {
         T v[4];
         point.values(input + (image * s.in_channels + c) * plane, s.width, v);
-        point.add_gradients(v, grad_columns[(c * taps + k) * width + b * pixels + p], grad_y, grad_x, grad_m);
+        point.add_gradients(v, column[static_cast<int64_t>(c) * taps * width], grad_y, grad_x, grad_m);
       }
     }
     const T m = mask_at(s, mask, image, og, k, p);
@@ -98,25 +109,98 @@ __global__ void offset_grad_kernel(const T* __restrict__ input, const T* __restr
   }
 }
 
-// grad_input: one thread per (channel, image, pixel) adds its taps' four corners.
-template <class T>
+// grad_input: one thread per (channel, image, pixel) adds its taps' four corners (the general kernel, where
+// input_grad_tiled_kernel's window would not fit in shared memory).
+template <class T, class I>
 __global__ void input_grad_kernel(const T* __restrict__ offset, const T* __restrict__ mask,
                                   const T* __restrict__ grad_columns, DeformConv2dShape s, int64_t first, int64_t count,
                                   T* grad_input) {
-  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, plane = s.height * s.width;
-  const int64_t width = count * pixels, per_offset_group = s.in_channels / s.offset_groups;
-  OPBRIDGE_GRID_LOOP(t, s.in_channels * width) {
-    const int64_t c = t / width, column = t % width, b = column / pixels, p = column % pixels, image = first + b;
-    const int64_t og = c / per_offset_group, oy = p / s.out_w, ox = p % s.out_w;
+  const I taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, out_w = s.out_w;
+  const I width = count * pixels, per_offset_group = s.in_channels / s.offset_groups;
+  const int64_t plane = s.height * s.width;
+  OPBRIDGE_GRID_LOOP_AS(I, t, s.in_channels * width) {
+    const I c = t / width, column = t - c * width, b = column / pixels, p = column - b * pixels;
+    const I og = c / per_offset_group, oy = p / out_w, ox = p - oy * out_w;
+    const int64_t image = first + b;
     T* target = grad_input + (image * s.in_channels + c) * plane;
+    const T* source = grad_columns + static_cast<int64_t>(c) * taps * width + column;
     OPBRIDGE_FOR_EACH_TAP(s, k, i, j) {
       const auto point = sample_at(s, offset, image, og, k, i, j, p, oy, ox);
       if (!point.inside) continue;
-      const T scaled = grad_columns[(c * taps + k) * width + column] * mask_at(s, mask, image, og, k, p);
+      const T scaled = source[k * width] * mask_at(s, mask, image, og, k, p);
       for (int corner = 0; corner < 4; ++corner) {
         if (point.corner[corner]) atomicAdd(target + point.index(corner, s.width), point.weight(corner) * scaled);
       }
     }
+  }
+}
+
+// grad_input by tiles: a block per (tile of kGradTile x kGradTile output pixels, channel, image of the chunk). Its
+// threads (one per pixel) add their taps' corner terms into a window of the input plane held in shared memory: the
+// tile's receptive field and kGradMargin pixels around it for the offsets (corners outside it are added to
+// grad_input directly); then the window is added to grad_input, one atomic per touched position instead of one
+// per sample and corner (9 taps x 4 corners a pixel, most landing on positions that neighbouring pixels' samples
+// share).
+constexpr int kGradTile = 16, kGradMargin = 4;
+constexpr int64_t kGradWindowBytes = 32 << 10;
+
+struct GradWindow {
+  int64_t height = 0, width = 0;
+};
+
+// The window of a tile for this geometry (height and width in input pixels).
+GradWindow grad_window(const DeformConv2dShape& s) {
+  return {(kGradTile - 1) * s.stride_h + (s.kernel_h - 1) * s.dilation_h + 2 + 2 * kGradMargin,
+          (kGradTile - 1) * s.stride_w + (s.kernel_w - 1) * s.dilation_w + 2 + 2 * kGradMargin};
+}
+
+template <class T, class I>
+__global__ void __launch_bounds__(kGradTile* kGradTile)
+    input_grad_tiled_kernel(const T* __restrict__ offset, const T* __restrict__ mask,
+                            const T* __restrict__ grad_columns, DeformConv2dShape s, int64_t first, int64_t count,
+                            GradWindow w, T* grad_input) {
+  extern __shared__ unsigned char window_bytes[];
+  T* window = reinterpret_cast<T*>(window_bytes);
+  const I taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, out_w = s.out_w;
+  const I width = count * pixels, per_offset_group = s.in_channels / s.offset_groups;
+  const I tiles_x = (s.out_w + kGradTile - 1) / kGradTile, window_size = w.height * w.width;
+  const I tile_y = blockIdx.x / tiles_x, tile_x = blockIdx.x - tile_y * tiles_x;
+  const I c = blockIdx.y, b = blockIdx.z, og = c / per_offset_group;
+  const int64_t image = first + b;
+  // The window's first input position (may lie off the image; positions off it receive nothing).
+  const int64_t wy0 = static_cast<int64_t>(tile_y) * kGradTile * s.stride_h - s.pad_top - kGradMargin;
+  const int64_t wx0 = static_cast<int64_t>(tile_x) * kGradTile * s.stride_w - s.pad_left - kGradMargin;
+  T* target = grad_input + (image * s.in_channels + c) * s.height * s.width;
+  for (I e = threadIdx.x; e < window_size; e += blockDim.x) window[e] = T(0);
+  __syncthreads();
+  const I oy = tile_y * kGradTile + static_cast<I>(threadIdx.x) / kGradTile;
+  const I ox = tile_x * kGradTile + static_cast<I>(threadIdx.x) % kGradTile;
+  if (oy < s.out_h && ox < s.out_w) {
+    const I p = oy * out_w + ox;
+    const T* source = grad_columns + static_cast<int64_t>(c) * taps * width + b * pixels + p;
+    OPBRIDGE_FOR_EACH_TAP(s, k, i, j) {
+      const auto point = sample_at(s, offset, image, og, k, i, j, p, oy, ox);
+      if (!point.inside) continue;
+      const T scaled = source[k * width] * mask_at(s, mask, image, og, k, p);
+      for (int corner = 0; corner < 4; ++corner) {
+        if (!point.corner[corner]) continue;
+        const int64_t y = point.y_low + corner / 2, x = point.x_low + corner % 2;
+        const int64_t wy = y - wy0, wx = x - wx0;
+        const T add = point.weight(corner) * scaled;
+        if (wy >= 0 && wy < w.height && wx >= 0 && wx < w.width) {
+          atomicAdd(window + wy * w.width + wx, add);
+        } else {
+          atomicAdd(target + y * s.width + x, add);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (I e = threadIdx.x; e < window_size; e += blockDim.x) {
+    const T sum = window[e];
+    if (sum == T(0)) continue;  // nothing added here (or terms that cancelled exactly): adding zero changes nothing
+    const I wy = e / static_cast<I>(w.width), wx = e - wy * static_cast<I>(w.width);
+    atomicAdd(target + (wy0 + wy) * s.width + wx0 + wx, sum);  // on the image: only its corners were added
   }
 }
 
@@ -130,6 +214,19 @@ int64_t chunk_images(const DeformConv2dShape& s, size_t element_size) {
   const int64_t per_image =
       s.in_channels * s.kernel_h * s.kernel_w * s.out_h * s.out_w * static_cast<int64_t>(element_size);
   return std::clamp<int64_t>(kColumnBudget / std::max<int64_t>(1, per_image), 1, std::max<int64_t>(1, s.batch));
+}
+
+// Calls f(int32_t{}) where every loop of the kernels over a chunk of `chunk` images counts below kInt32Loop,
+// else f(int64_t{}).
+template <class F>
+void with_index_type(const DeformConv2dShape& s, int64_t chunk, F&& f) {
+  const int64_t width = chunk * s.out_h * s.out_w, taps = s.kernel_h * s.kernel_w;
+  const int64_t largest = std::max({s.in_channels * width, s.out_channels * width, s.offset_groups * taps * width});
+  if (largest < kernels::cuda::kInt32Loop) {
+    f(int32_t{});
+  } else {
+    f(int64_t{});
+  }
 }
 
 template <class T>
@@ -156,20 +253,23 @@ Tensor deform_conv2d_cuda(const Tensor& input, const Tensor& offset, const Tenso
     const int64_t chunk = chunk_images(s, sizeof(T));
     auto columns = api::empty_on({s.in_channels * taps * chunk * pixels}, dtype, input);
     auto buffer = api::empty_on({s.out_channels * chunk * pixels}, dtype, input);
-    for (int64_t first = 0; first < s.batch; first += chunk) {
-      const int64_t count = std::min(chunk, s.batch - first), width = count * pixels;
-      im2col_kernel<T><<<cuda::blocks_for(s.in_channels * width), cuda::kThreads, 0, context.stream>>>(
-          api::data<T>(x), api::data<T>(o), optional_data<T>(m), s, first, count, api::data<T>(columns));
-      cuda::check_launch("opbridge::deform_conv2d");
-      for (int64_t g = 0; g < s.groups; ++g) {
-        api::mm_out(input.device(), out_per_group, width, depth, api::data<T>(w) + g * out_per_group * depth, depth, 1,
-                    api::data<T>(columns) + g * depth * width, width, 1,
-                    api::data<T>(buffer) + g * out_per_group * width, width);
+    with_index_type(s, chunk, [&](auto index) {
+      using I = decltype(index);
+      for (int64_t first = 0; first < s.batch; first += chunk) {
+        const int64_t count = std::min(chunk, s.batch - first), width = count * pixels;
+        im2col_kernel<T, I><<<cuda::blocks_for(s.in_channels * width), cuda::kThreads, 0, context.stream>>>(
+            api::data<T>(x), api::data<T>(o), optional_data<T>(m), s, first, count, api::data<T>(columns));
+        cuda::check_launch("opbridge::deform_conv2d");
+        for (int64_t g = 0; g < s.groups; ++g) {
+          api::mm_out(input.device(), out_per_group, width, depth, api::data<T>(w) + g * out_per_group * depth, depth,
+                      1, api::data<T>(columns) + g * depth * width, width, 1,
+                      api::data<T>(buffer) + g * out_per_group * width, width);
+        }
+        scatter_out_kernel<T, I><<<cuda::blocks_for(s.out_channels * width), cuda::kThreads, 0, context.stream>>>(
+            api::data<T>(buffer), optional_data<T>(b), s, first, count, api::data<T>(out));
+        cuda::check_launch("opbridge::deform_conv2d");
       }
-      scatter_out_kernel<T><<<cuda::blocks_for(s.out_channels * width), cuda::kThreads, 0, context.stream>>>(
-          api::data<T>(buffer), optional_data<T>(b), s, first, count, api::data<T>(out));
-      cuda::check_launch("opbridge::deform_conv2d");
-    }
+    });
   });
   return out;
 }
@@ -213,39 +313,55 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_cuda(
     auto weight_partial = api::empty_on({chunked ? s.out_channels * depth : 0}, dtype, input);
     T* cols = api::data<T>(columns);
     T* gbuf = api::data<T>(grad_buffer);
-    for (int64_t first = 0; first < s.batch; first += chunk) {
-      const int64_t count = std::min(chunk, s.batch - first), width = count * pixels;
-      const unsigned sample_blocks = cuda::blocks_for(s.in_channels * width);
-      gather_grad_kernel<T><<<cuda::blocks_for(s.out_channels * width), cuda::kThreads, 0, context.stream>>>(
-          api::data<T>(g), s, first, count, gbuf);
-      cuda::check_launch("opbridge::deform_conv2d_backward");
-      // grad_columns = weight[group]^T . grad_out[group], into the columns' buffer.
-      for (int64_t group = 0; group < s.groups; ++group) {
-        api::mm_out(input.device(), depth, width, out_per_group, api::data<T>(w) + group * out_per_group * depth, 1,
-                    depth, gbuf + group * out_per_group * width, width, 1, cols + group * depth * width, width);
-      }
-      offset_grad_kernel<T>
-          <<<cuda::blocks_for(count * s.offset_groups * taps * pixels), cuda::kThreads, 0, context.stream>>>(
-              api::data<T>(x), api::data<T>(o), optional_data<T>(m), cols, s, first, count, api::data<T>(grad_offset),
-              m ? api::data<T>(grad_mask) : nullptr);
-      input_grad_kernel<T><<<sample_blocks, cuda::kThreads, 0, context.stream>>>(
-          api::data<T>(o), optional_data<T>(m), cols, s, first, count, api::data<T>(grad_input));
-      cuda::check_launch("opbridge::deform_conv2d_backward");
-      // grad_weight[group] += grad_out[group] . columns[group]^T, the columns sampled again into the same buffer.
-      im2col_kernel<T><<<sample_blocks, cuda::kThreads, 0, context.stream>>>(
-          api::data<T>(x), api::data<T>(o), optional_data<T>(m), s, first, count, cols);
-      cuda::check_launch("opbridge::deform_conv2d_backward");
-      T* target = chunked ? api::data<T>(weight_partial) : api::data<T>(grad_weight);
-      for (int64_t group = 0; group < s.groups; ++group) {
-        api::mm_out(input.device(), out_per_group, depth, width, gbuf + group * out_per_group * width, width, 1,
-                    cols + group * depth * width, 1, width, target + group * out_per_group * depth, depth);
-      }
-      if (chunked) {
-        add_kernel<T><<<cuda::blocks_for(s.out_channels * depth), cuda::kThreads, 0, context.stream>>>(
-            api::data<T>(grad_weight), target, s.out_channels * depth);
+    const GradWindow window = grad_window(s);
+    const int64_t window_bytes = window.height * window.width * static_cast<int64_t>(sizeof(T));
+    const int64_t tiles = (s.out_h + kGradTile - 1) / kGradTile * ((s.out_w + kGradTile - 1) / kGradTile);
+    const bool tiled = window_bytes <= kGradWindowBytes && s.in_channels <= 65535 && chunk <= 65535 &&
+                       tiles <= std::numeric_limits<int32_t>::max();
+    with_index_type(s, chunk, [&](auto index) {
+      using I = decltype(index);
+      for (int64_t first = 0; first < s.batch; first += chunk) {
+        const int64_t count = std::min(chunk, s.batch - first), width = count * pixels;
+        const unsigned sample_blocks = cuda::blocks_for(s.in_channels * width);
+        gather_grad_kernel<T, I><<<cuda::blocks_for(s.out_channels * width), cuda::kThreads, 0, context.stream>>>(
+            api::data<T>(g), s, first, count, gbuf);
         cuda::check_launch("opbridge::deform_conv2d_backward");
+        // grad_columns = weight[group]^T . grad_out[group], into the columns' buffer.
+        for (int64_t group = 0; group < s.groups; ++group) {
+          api::mm_out(input.device(), depth, width, out_per_group, api::data<T>(w) + group * out_per_group * depth, 1,
+                      depth, gbuf + group * out_per_group * width, width, 1, cols + group * depth * width, width);
+        }
+        offset_grad_kernel<T, I>
+            <<<cuda::blocks_for(count * s.offset_groups * taps * pixels), cuda::kThreads, 0, context.stream>>>(
+                api::data<T>(x), api::data<T>(o), optional_data<T>(m), cols, s, first, count,
+                api::data<T>(grad_offset), m ? api::data<T>(grad_mask) : nullptr);
+        if (tiled) {
+          const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.in_channels),
+                          static_cast<unsigned>(count));
+          input_grad_tiled_kernel<T, I>
+              <<<grid, kGradTile * kGradTile, static_cast<size_t>(window_bytes), context.stream>>>(
+                  api::data<T>(o), optional_data<T>(m), cols, s, first, count, window, api::data<T>(grad_input));
+        } else {
+          input_grad_kernel<T, I><<<sample_blocks, cuda::kThreads, 0, context.stream>>>(
+              api::data<T>(o), optional_data<T>(m), cols, s, first, count, api::data<T>(grad_input));
+        }
+        cuda::check_launch("opbridge::deform_conv2d_backward");
+        // grad_weight[group] += grad_out[group] . columns[group]^T, the columns sampled again into the same buffer.
+        im2col_kernel<T, I><<<sample_blocks, cuda::kThreads, 0, context.stream>>>(
+            api::data<T>(x), api::data<T>(o), optional_data<T>(m), s, first, count, cols);
+        cuda::check_launch("opbridge::deform_conv2d_backward");
+        T* target = chunked ? api::data<T>(weight_partial) : api::data<T>(grad_weight);
+        for (int64_t group = 0; group < s.groups; ++group) {
+          api::mm_out(input.device(), out_per_group, depth, width, gbuf + group * out_per_group * width, width, 1,
+                      cols + group * depth * width, 1, width, target + group * out_per_group * depth, depth);
+        }
+        if (chunked) {
+          add_kernel<T><<<cuda::blocks_for(s.out_channels * depth), cuda::kThreads, 0, context.stream>>>(
+              api::data<T>(grad_weight), target, s.out_channels * depth);
+          cuda::check_launch("opbridge::deform_conv2d_backward");
+        }
       }
-    }
+    });
   });
   return {grad_input, grad_offset, grad_weight, grad_bias, grad_mask};
 }

@@ -88,9 +88,11 @@ __global__ void __launch_bounds__(cuda::kThreads, 2)
       __syncwarp();
       T own_dots[4] = {T(0), T(0), T(0), T(0)};
       const int count = static_cast<int>(lp - first < lanes ? lp - first : lanes);
+#pragma unroll 1
       for (int i = 0; i < count; ++i) {
         const MSDeformAttnSlot<T> slot = group[i];
         T dots[4] = {T(0), T(0), T(0), T(0)};
+#pragma unroll 1  // one pass for the usual rows (D = 32 floats: 8 lanes x 4); unrolled copies only cost registers
         for (int64_t c0 = lane * kVec; active && c0 < d; c0 += lanes * kVec) {
           const V gv = *reinterpret_cast<const V*>(g + c0);
           V v[4];  // the four corners' loads issued together, before their uses
