@@ -47,9 +47,9 @@ __global__ void im2col_kernel(const T* __restrict__ input, const T* __restrict__
     const T* source = input + (image * s.in_channels + c) * plane;
     T* target = columns + static_cast<int64_t>(c) * taps * width + column;
     OPBRIDGE_FOR_EACH_TAP(s, k, i, j) {
-      const auto point = sample_at(s, offset, image, og, k, i, j, p, oy, ox);
+      const auto point = sample_at<T, I>(s, offset, image, og, k, I(i), I(j), p, oy, ox);
       T v[4];
-      point.values(source, s.width, v);
+      point.values(source, static_cast<I>(s.width), v);
       target[k * width] = point.value(v) * mask_at(s, mask, image, og, k, p);
     }
   }
@@ -91,13 +91,13 @@ __global__ void offset_grad_kernel(const T* __restrict__ input, const T* __restr
     const I b = rest2 / groups, og = rest2 - b * groups;
     const I oy = p / out_w, ox = p - oy * out_w, i = k / kernel_w, j = k - i * kernel_w;
     const int64_t image = first + b;
-    const auto point = sample_at(s, offset, image, og, k, i, j, p, oy, ox);
+    const auto point = sample_at<T, I>(s, offset, image, og, k, I(i), I(j), p, oy, ox);
     T grad_y = T(0), grad_x = T(0), grad_m = T(0);
     if (point.inside) {
       const T* column = grad_columns + static_cast<int64_t>(k) * width + b * pixels + p;
       for (I c = og * per_offset_group; c < (og + 1) * per_offset_group; ++c) {
         T v[4];
-        point.values(input + (image * s.in_channels + c) * plane, s.width, v);
+        point.values(input + (image * s.in_channels + c) * plane, static_cast<I>(s.width), v);
         point.add_gradients(v, column[static_cast<int64_t>(c) * taps * width], grad_y, grad_x, grad_m);
       }
     }
@@ -125,11 +125,11 @@ __global__ void input_grad_kernel(const T* __restrict__ offset, const T* __restr
     T* target = grad_input + (image * s.in_channels + c) * plane;
     const T* source = grad_columns + static_cast<int64_t>(c) * taps * width + column;
     OPBRIDGE_FOR_EACH_TAP(s, k, i, j) {
-      const auto point = sample_at(s, offset, image, og, k, i, j, p, oy, ox);
+      const auto point = sample_at<T, I>(s, offset, image, og, k, I(i), I(j), p, oy, ox);
       if (!point.inside) continue;
       const T scaled = source[k * width] * mask_at(s, mask, image, og, k, p);
       for (int corner = 0; corner < 4; ++corner) {
-        if (point.corner[corner]) atomicAdd(target + point.index(corner, s.width), point.weight(corner) * scaled);
+        if (point.corner[corner]) atomicAdd(target + point.index(corner, static_cast<I>(s.width)), point.weight(corner) * scaled);
       }
     }
   }
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(kGradTile* kGradTile)
     const I p = oy * out_w + ox;
     const T* source = grad_columns + static_cast<int64_t>(c) * taps * width + b * pixels + p;
     OPBRIDGE_FOR_EACH_TAP(s, k, i, j) {
-      const auto point = sample_at(s, offset, image, og, k, i, j, p, oy, ox);
+      const auto point = sample_at<T, I>(s, offset, image, og, k, I(i), I(j), p, oy, ox);
       if (!point.inside) continue;
       const T scaled = source[k * width] * mask_at(s, mask, image, og, k, p);
       for (int corner = 0; corner < 4; ++corner) {
@@ -216,13 +216,13 @@ int64_t chunk_images(const DeformConv2dShape& s, size_t element_size) {
   return std::clamp<int64_t>(kColumnBudget / std::max<int64_t>(1, per_image), 1, std::max<int64_t>(1, s.batch));
 }
 
-// Calls f(int32_t{}) where every loop of the kernels over a chunk of `chunk` images counts below kInt32Loop,
-// else f(int64_t{}).
+// Calls f(int32_t{}) where every loop of the kernels over a chunk of `chunk` images counts below kInt32Loop and a
+// sample's integers fit in int32 (deform_conv2d_int32_samples), else f(int64_t{}).
 template <class F>
 void with_index_type(const DeformConv2dShape& s, int64_t chunk, F&& f) {
   const int64_t width = chunk * s.out_h * s.out_w, taps = s.kernel_h * s.kernel_w;
   const int64_t largest = std::max({s.in_channels * width, s.out_channels * width, s.offset_groups * taps * width});
-  if (largest < kernels::cuda::kInt32Loop) {
+  if (largest < kernels::cuda::kInt32Loop && kernels::cuda::deform_conv2d_int32_samples(s)) {
     f(int32_t{});
   } else {
     f(int64_t{});

@@ -59,7 +59,7 @@ __device__ inline void atomic_add(T* target, const T (&value)[kVec]) {
 // once into shared-memory slots as in the forward). Per sample, each lane adds its channels' terms of the four dot
 // products g . v_c and scatters a * w_c * g into grad_value; the lanes' partial dots are then summed by shuffles in
 // a fixed order, and the lane that computed the sample keeps them and writes the sample's gradients.
-template <class T, int kVec>
+template <class T, int kVec, class I>
 __global__ void __launch_bounds__(cuda::kThreads, 2)
     backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ value, const T* __restrict__ locations,
                     const T* __restrict__ weights, MSDeformAttnShape s, MSDeformAttnTable table, int lanes,
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(cuda::kThreads, 2)
     for (int64_t first = 0; first < lp; first += lanes) {
       const int64_t own = first + lane;  // the sample this lane computes
       const bool owns = active && own < lp;
-      group[lane] = owns ? kernels::cuda::ms_deform_attn_slot(loc, attn, own, s.points, levels)
+      group[lane] = owns ? kernels::cuda::ms_deform_attn_slot<T, I>(loc, attn, own, s.points, levels)
                          : kernels::cuda::ms_deform_attn_empty_slot<T>();
       __syncwarp();
       T own_dots[4] = {T(0), T(0), T(0), T(0)};
@@ -129,11 +129,12 @@ __global__ void __launch_bounds__(cuda::kThreads, 2)
       __syncwarp();  // the slots are read before the next samples overwrite them
       if (owns) {  // the sample again (cheaper than holding it in registers over the loop)
         const int64_t l = own / s.points;
-        const auto sample = kernels::cuda::ms_deform_attn_sample_at(loc, own, s.points, levels);
+        const auto sample = kernels::cuda::ms_deform_attn_sample_at<T, I>(loc, own, s.points, levels);
         const T a = attn[own];
         T* grad_loc = grad_locations + (row * lp + own) * 2;
         if (sample.any) {
-          kernels::ms_deform_attn_sample_grads(sample, own_dots, a, levels.height[l], levels.width[l],
+          kernels::ms_deform_attn_sample_grads(sample, own_dots, a, static_cast<I>(levels.height[l]),
+                                               static_cast<I>(levels.width[l]),
                                                grad_weights[row * lp + own], grad_loc[0], grad_loc[1]);
         } else {
           grad_weights[row * lp + own] = grad_loc[0] = grad_loc[1] = T(0);
@@ -197,7 +198,9 @@ std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cuda(const Tensor& gr
         s, {in.value.const_data_ptr(), g.const_data_ptr(), grad_value.const_data_ptr()});
     const int lanes = kernels::cuda::ms_deform_attn_lanes(vectors ? s.channels / kVec : s.channels);
     const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * lanes);
-    auto kernel = vectors ? backward_kernel<T, kVec> : backward_kernel<T, 1>;
+    const bool int32 = kernels::cuda::ms_deform_attn_int32_samples(s);
+    auto kernel = vectors ? (int32 ? backward_kernel<T, kVec, int32_t> : backward_kernel<T, kVec, int64_t>)
+                          : (int32 ? backward_kernel<T, 1, int32_t> : backward_kernel<T, 1, int64_t>);
     kernel<<<blocks, cuda::kThreads, 0, context.stream>>>(
         api::data<T>(g), api::data<T>(in.value), api::data<T>(in.sampling_locations),
         api::data<T>(in.attention_weights), s, table, lanes, api::data<T>(grad_value), api::data<T>(grad_locations),

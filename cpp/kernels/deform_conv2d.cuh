@@ -16,15 +16,24 @@
 
 namespace opbridge::kernels::cuda {
 
-// The sample of tap k = (i, j) for output pixel p = (oy, ox) of `image`, in offset group og.
-template <class T>
-__device__ inline BilinearPoint<T> sample_at(const DeformConv2dShape& s, const T* offset, int64_t image, int64_t og,
-                                             int64_t k, int64_t i, int64_t j, int64_t p, int64_t oy, int64_t ox) {
+// The sample of tap k = (i, j) for output pixel p = (oy, ox) of `image`, in offset group og. I: the integer type of
+// the sample's arithmetic (int32 where deform_conv2d_int32_samples says so, else int64).
+template <class T, class I = int64_t>
+__device__ inline BilinearPoint<T, I> sample_at(const DeformConv2dShape& s, const T* offset, int64_t image, int64_t og,
+                                                int64_t k, I i, I j, int64_t p, I oy, I ox) {
   const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
   const T* dy = offset + ((image * s.offset_groups + og) * taps + k) * 2 * pixels;
   T y, x;
-  kernels::deform_conv2d_position(s, oy, ox, i, j, dy[p], dy[pixels + p], y, x);
-  return BilinearPoint<T>(y, x, s.height, s.width);
+  kernels::deform_conv2d_position<T, I>(s, oy, ox, i, j, dy[p], dy[pixels + p], y, x);
+  return BilinearPoint<T, I>(y, x, static_cast<I>(s.height), static_cast<I>(s.width));
+}
+
+// Whether every integer of a sample fits in int32 (grid positions, corner coordinates, indices in the input plane):
+// then the kernels convert between the positions' floats and int32, several times cheaper than int64.
+inline bool deform_conv2d_int32_samples(const DeformConv2dShape& s) {
+  constexpr int64_t kLimit = int64_t(1) << 30;
+  return s.height * s.width < kLimit && s.out_h * s.stride_h + s.kernel_h * s.dilation_h < kLimit &&
+         s.out_w * s.stride_w + s.kernel_w * s.dilation_w < kLimit && s.pad_top < kLimit && s.pad_left < kLimit;
 }
 
 // for each tap k = (i, j) of the kernel, without a division per tap.

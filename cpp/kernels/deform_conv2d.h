@@ -169,12 +169,13 @@ inline Status check_deform_conv2d(const DeformConv2dNames& names, const std::vec
   return {};
 }
 
-// Where kernel tap (i, j) of output pixel (oy, ox) samples the input, moved by its learned offset (dy, dx).
-template <class T>
-OPBRIDGE_HD inline void deform_conv2d_position(const DeformConv2dShape& s, int64_t oy, int64_t ox, int64_t i, int64_t j,
-                                               T dy, T dx, T& y, T& x) {
-  y = T(oy * s.stride_h - s.pad_top + i * s.dilation_h) + dy;
-  x = T(ox * s.stride_w - s.pad_left + j * s.dilation_w) + dx;
+// Where kernel tap (i, j) of output pixel (oy, ox) samples the input, moved by its learned offset (dy, dx). I: the
+// integer type of the grid position (int64; int32 in the CUDA kernels where it fits: the same values).
+template <class T, class I = int64_t>
+OPBRIDGE_HD inline void deform_conv2d_position(const DeformConv2dShape& s, I oy, I ox, I i, I j, T dy, T dx, T& y,
+                                               T& x) {
+  y = T(oy * I(s.stride_h) - I(s.pad_top) + i * I(s.dilation_h)) + dy;
+  x = T(ox * I(s.stride_w) - I(s.pad_left) + j * I(s.dilation_w)) + dx;
 }
 
 // The weighted sum of four neighbour rows, out[c] = ((w0 r0[c] + w1 r1[c]) +

@@ -31,25 +31,27 @@
 
 namespace opbridge::kernels {
 
-// Bilinear sample of a plane at (y, x) and its derivatives, torchvision's conventions.
-template <class T>
+// Bilinear sample of a plane at (y, x) and its derivatives, torchvision's conventions. I: the integer type of the
+// corners' coordinates and plane indices (int64; the CUDA kernels use int32 where the plane has fewer than 2^30
+// elements: the same values, converted to and from T faster).
+template <class T, class I = int64_t>
 struct BilinearPoint {
   bool inside = false;
-  int64_t y_low = 0, x_low = 0;
+  I y_low = 0, x_low = 0;
   T ly = 0, lx = 0;
   bool corner[4] = {false, false, false, false};  // (low, low), (low, high), (high, low), (high, high)
 
-  OPBRIDGE_HD BilinearPoint(T y, T x, int64_t height, int64_t width) {
+  OPBRIDGE_HD BilinearPoint(T y, T x, I height, I width) {
     if (!(y > T(-1) && y < T(height) && x > T(-1) && x < T(width))) return;  // also rejects NaN
     inside = true;
-    y_low = y >= T(0) ? static_cast<int64_t>(y) : -1;
-    x_low = x >= T(0) ? static_cast<int64_t>(x) : -1;
+    y_low = y >= T(0) ? static_cast<I>(y) : I(-1);
+    x_low = x >= T(0) ? static_cast<I>(x) : I(-1);
     ly = y - T(y_low), lx = x - T(x_low);
     const bool top = y_low >= 0, bottom = y_low + 1 < height, left = x_low >= 0, right = x_low + 1 < width;
     corner[0] = top && left, corner[1] = top && right, corner[2] = bottom && left, corner[3] = bottom && right;
   }
 
-  OPBRIDGE_HD int64_t index(int corner_index, int64_t width) const {
+  OPBRIDGE_HD I index(int corner_index, I width) const {
     return (y_low + corner_index / 2) * width + x_low + corner_index % 2;
   }
 
@@ -59,7 +61,7 @@ struct BilinearPoint {
   }
 
   // The four corner values (zero outside the image).
-  OPBRIDGE_HD void values(const T* plane, int64_t width, T v[4]) const {
+  OPBRIDGE_HD void values(const T* plane, I width, T v[4]) const {
     for (int corner_index = 0; corner_index < 4; ++corner_index)
       v[corner_index] = corner[corner_index] ? plane[index(corner_index, width)] : T(0);
   }

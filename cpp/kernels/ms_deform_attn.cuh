@@ -152,19 +152,25 @@ struct alignas(16) MSDeformAttnSlot {
   T weight[4];
 };
 
-// Sample i of a row (i < L * P): kernels/ms_deform_attn.h's arithmetic on its location and level.
-template <class T>
-__device__ inline MSDeformAttnSample<T> ms_deform_attn_sample_at(const T* loc, int64_t i, int64_t points,
-                                                                 const MSDeformAttnLevelTile& levels) {
+// Sample i of a row (i < L * P): kernels/ms_deform_attn.h's arithmetic on its location and level, in integer
+// type I (int32 where ms_deform_attn_int32_samples, else int64).
+template <class T, class I>
+__device__ inline MSDeformAttnSample<T, I> ms_deform_attn_sample_at(const T* loc, int64_t i, int64_t points,
+                                                                    const MSDeformAttnLevelTile& levels) {
   const int64_t l = i / points;
-  return ms_deform_attn_sample(loc[2 * i], loc[2 * i + 1], levels.height[l], levels.width[l], levels.start[l]);
+  return ms_deform_attn_sample<T, I>(loc[2 * i], loc[2 * i + 1], static_cast<I>(levels.height[l]),
+                                     static_cast<I>(levels.width[l]), static_cast<I>(levels.start[l]));
 }
 
+// Whether a sample's integers fit in int32: with fewer than 2^30 keys, a level that has any sample on it has sides
+// and a start below 2^30, and its corners' keys (up to start + (y + 1) * W + x + 1) stay below 2^31.
+inline bool ms_deform_attn_int32_samples(const MSDeformAttnShape& s) { return s.keys < (int64_t(1) << 30); }
+
 // Sample i of a row as its slot.
-template <class T>
+template <class T, class I>
 __device__ inline MSDeformAttnSlot<T> ms_deform_attn_slot(const T* loc, const T* attn, int64_t i, int64_t points,
                                                           const MSDeformAttnLevelTile& levels) {
-  const auto sample = ms_deform_attn_sample_at(loc, i, points, levels);
+  const auto sample = ms_deform_attn_sample_at<T, I>(loc, i, points, levels);
   const T a = attn[i];
   MSDeformAttnSlot<T> slot;
 #pragma unroll
@@ -184,7 +190,7 @@ __device__ inline MSDeformAttnSlot<T> ms_deform_attn_empty_slot() {
   return slot;
 }
 
-template <class T, int kVec>
+template <class T, int kVec, class I>
 __global__ void __launch_bounds__(kThreads)
     ms_deform_attn_forward_kernel(const T* __restrict__ value, const T* __restrict__ locations,
                                   const T* __restrict__ weights, T* __restrict__ out, MSDeformAttnShape s,
@@ -210,7 +216,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < kVec; ++j) acc[j] = T(0);
       for (int64_t first = 0; first < lp; first += lanes) {
-        group[lane] = active && first + lane < lp ? ms_deform_attn_slot(loc, attn, first + lane, s.points, levels)
+        group[lane] = active && first + lane < lp ? ms_deform_attn_slot<T, I>(loc, attn, first + lane, s.points, levels)
                                                   : ms_deform_attn_empty_slot<T>();
         __syncwarp();
         const int count = static_cast<int>(lp - first < lanes ? lp - first : lanes);
@@ -257,7 +263,11 @@ cudaError_t ms_deform_attn_forward(const T* value, const T* locations, const T* 
   const bool vectors = ms_deform_attn_vectors<T>(s, {value, out});
   const int lanes = ms_deform_attn_lanes(vectors ? s.channels / kVec : s.channels);
   const unsigned blocks = blocks_for(s.batch * s.queries * s.heads * lanes);
-  auto kernel = vectors ? ms_deform_attn_forward_kernel<T, kVec> : ms_deform_attn_forward_kernel<T, 1>;
+  const bool int32 = ms_deform_attn_int32_samples(s);
+  auto kernel = vectors ? (int32 ? ms_deform_attn_forward_kernel<T, kVec, int32_t>
+                                 : ms_deform_attn_forward_kernel<T, kVec, int64_t>)
+                        : (int32 ? ms_deform_attn_forward_kernel<T, 1, int32_t>
+                                 : ms_deform_attn_forward_kernel<T, 1, int64_t>);
   kernel<<<blocks, kThreads, 0, stream>>>(value, locations, weights, out, s, table, lanes);
   return cudaGetLastError();
 }

@@ -127,24 +127,24 @@ inline Status check_ms_deform_attn(const MSDeformAttnNames& names, const std::ve
   return {};
 }
 
-// The (up to) four corners of one bilinear sample that lie inside its level's map.
-template <class T>
+// The (up to) four corners of one bilinear sample that lie inside its level's map. I: the integer type of its
+// corners (int64; the CUDA kernels use int32 where value has fewer than 2^30 keys: the same values).
+template <class T, class I = int64_t>
 struct MSDeformAttnSample {
-  int64_t key[4];  // rows of the level in value (start + y * W + x)
+  I key[4];  // rows of the level in value (start + y * W + x)
   T weight[4];     // bilinear weights
   bool inside[4];
   T high_y, low_y, high_x, low_x;  // 1 - ly, ly, 1 - lx, lx
   bool any = false;
 };
 
-template <class T>
-OPBRIDGE_HD inline MSDeformAttnSample<T> ms_deform_attn_sample(T loc_x, T loc_y, int64_t height, int64_t width,
-                                                               int64_t start) {
-  MSDeformAttnSample<T> s;
+template <class T, class I = int64_t>
+OPBRIDGE_HD inline MSDeformAttnSample<T, I> ms_deform_attn_sample(T loc_x, T loc_y, I height, I width, I start) {
+  MSDeformAttnSample<T, I> s;
   const T x = loc_x * static_cast<T>(width) - T(0.5), y = loc_y * static_cast<T>(height) - T(0.5);
   if (!(x > T(-1) && y > T(-1) && x < static_cast<T>(width) && y < static_cast<T>(height))) return s;  // NaN: out
   // floor(x) for x > -1: truncate x + 1 (cheaper than std::floor), corrected where x + 1 rounded up.
-  int64_t x0 = static_cast<int64_t>(x + T(1)) - 1, y0 = static_cast<int64_t>(y + T(1)) - 1;
+  I x0 = static_cast<I>(x + T(1)) - 1, y0 = static_cast<I>(y + T(1)) - 1;
   x0 -= static_cast<T>(x0) > x;
   y0 -= static_cast<T>(y0) > y;
   s.low_x = x - static_cast<T>(x0);
@@ -156,7 +156,7 @@ OPBRIDGE_HD inline MSDeformAttnSample<T> ms_deform_attn_sample(T loc_x, T loc_y,
   s.inside[1] = top && right;
   s.inside[2] = bottom && left;
   s.inside[3] = bottom && right;
-  const int64_t base = start + y0 * width + x0;  // keys of corners outside the map are never read
+  const I base = start + y0 * width + x0;  // keys of corners outside the map are never read
   s.key[0] = base;
   s.key[1] = base + 1;
   s.key[2] = base + width;
@@ -171,9 +171,9 @@ OPBRIDGE_HD inline MSDeformAttnSample<T> ms_deform_attn_sample(T loc_x, T loc_y,
 
 // One sample's gradients of its attention weight and location, from dots[c] = g . v_c (the output gradient
 // times corner c's value row; zero for a corner off the map) and its attention weight a.
-template <class T>
-OPBRIDGE_HD inline void ms_deform_attn_sample_grads(const MSDeformAttnSample<T>& sample, const T dots[4], T a,
-                                                    int64_t height, int64_t width, T& grad_attn, T& grad_x, T& grad_y) {
+template <class T, class I>
+OPBRIDGE_HD inline void ms_deform_attn_sample_grads(const MSDeformAttnSample<T, I>& sample, const T dots[4], T a,
+                                                    I height, I width, T& grad_attn, T& grad_x, T& grad_y) {
   grad_attn =
       sample.weight[0] * dots[0] + sample.weight[1] * dots[1] + sample.weight[2] * dots[2] + sample.weight[3] * dots[3];
   // d(sample)/dx = hy * (v01 - v00) + ly * (v11 - v10); x = loc_x * W - 0.5.

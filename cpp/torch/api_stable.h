@@ -75,8 +75,14 @@ inline Tensor zeros(const std::vector<int64_t>& shape, ScalarType dtype) {
   torch::stable::zero_(tensor);
   return tensor;
 }
-inline Tensor contiguous(const Tensor& tensor) { return torch::stable::contiguous(tensor); }
-inline Tensor to(const Tensor& tensor, ScalarType dtype) { return torch::stable::to(tensor, dtype); }
+// Without a dispatcher call where nothing changes (each costs microseconds of host time per op call, which a GPU
+// op's latency shows).
+inline Tensor contiguous(const Tensor& tensor) {
+  return tensor.is_contiguous() ? tensor : torch::stable::contiguous(tensor);
+}
+inline Tensor to(const Tensor& tensor, ScalarType dtype) {
+  return tensor.scalar_type() == dtype ? tensor : torch::stable::to(tensor, dtype);
+}
 
 // torch's at::parallel_for behind the stable shim: the same thread pool as torch's own ops.
 template <class F>

@@ -276,15 +276,19 @@ def report(rows: list[dict], bandwidth: float) -> str:
 
 def profile_report(steps: int = 5) -> str:
     """Where each path's GPU time goes: the CUDA kernels of `steps` forward + backward calls on the largest case of
-    each op (torch.profiler, self CUDA time per kernel, top 8), opbridge's and the baseline's."""
+    each op, and MSDA's smaller one (torch.profiler, self CUDA time per kernel, top 8), opbridge's and the
+    baseline's."""
     import torchvision
     from torch.profiler import ProfilerActivity, profile
 
     from ..ops.ms_deform_attn import reference
 
-    inputs = [t.cuda() for t in encoder_inputs(CASES["800x1333 enc"])]
-    leaves = [inputs[0].clone().requires_grad_(), inputs[1], inputs[2], inputs[3].clone().requires_grad_(),
-              inputs[4].clone().requires_grad_()]  # fmt: skip
+    def msda_leaves(case):
+        inputs = [t.cuda() for t in encoder_inputs(CASES[case])]
+        return [inputs[0].clone().requires_grad_(), inputs[1], inputs[2], inputs[3].clone().requires_grad_(),
+                inputs[4].clone().requires_grad_()]  # fmt: skip
+
+    large, small = msda_leaves("800x1333 enc"), msda_leaves("512x512 enc")
     generator = torch.Generator(device="cuda").manual_seed(0)
     n, c, h, w = 8, 256, 50, 68
     dcn = [torch.randn(n, c, h, w, device="cuda", generator=generator),
@@ -294,8 +298,9 @@ def profile_report(steps: int = 5) -> str:
            torch.rand(n, 9, h, w, device="cuda", generator=generator)]  # fmt: skip
     dcn = [t.requires_grad_() for t in dcn]
     paths = {
-        "ms_deform_attn 800x1333 enc, opbridge": lambda: opbridge.ms_deform_attn(*leaves),
-        "ms_deform_attn 800x1333 enc, grid_sample": lambda: reference(*leaves),
+        "ms_deform_attn 800x1333 enc, opbridge": lambda: opbridge.ms_deform_attn(*large),
+        "ms_deform_attn 800x1333 enc, grid_sample": lambda: reference(*large),
+        "ms_deform_attn 512x512 enc, opbridge": lambda: opbridge.ms_deform_attn(*small),
         "deform_conv2d N8 C256 50x68, opbridge": lambda: opbridge.deform_conv2d(*dcn[:4], padding=(1, 1), mask=dcn[4]),
         "deform_conv2d N8 C256 50x68, torchvision": lambda: torchvision.ops.deform_conv2d(*dcn[:4], padding=(1, 1),
                                                                                           mask=dcn[4]),
