@@ -33,24 +33,58 @@ using kernels::cuda::sample_at;
 // The kernels count their threads in I: int32 where every loop bound is below kInt32Loop (index_type below; a
 // chunk's columns always are), int64 otherwise. Pointer offsets are formed in int64.
 
-// columns[(c * K + k), b * P + p] for images [first, first + count): one thread per (channel, image, pixel).
+// columns[(c * K + k), b * P + p] for images [first, first + count): one thread per (block of up to
+// kIm2colChannels channels of one offset group, tap, image, pixel). A tap's sample (position, cell, corners,
+// weights) belongs to the offset group, not the channel: it is computed once and read from each channel's plane
+// (one thread per channel recomputed it for every channel: most of the kernel's time).
+constexpr int64_t kIm2colChannels = 16;
+
+int64_t im2col_threads(const DeformConv2dShape& s, int64_t width) {
+  const int64_t per_offset_group = s.in_channels / s.offset_groups;
+  const int64_t blocks = (per_offset_group + kIm2colChannels - 1) / kIm2colChannels;
+  return s.offset_groups * blocks * s.kernel_h * s.kernel_w * width;
+}
+
 template <class T, class I>
 __global__ void im2col_kernel(const T* __restrict__ input, const T* __restrict__ offset, const T* __restrict__ mask,
                               DeformConv2dShape s, int64_t first, int64_t count, T* __restrict__ columns) {
-  const I taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, out_w = s.out_w;
+  const I taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, out_w = s.out_w, kernel_w = s.kernel_w;
   const I width = count * pixels, per_offset_group = s.in_channels / s.offset_groups;
+  const I blocks = (per_offset_group + kIm2colChannels - 1) / kIm2colChannels;  // channel blocks an offset group
   const int64_t plane = s.height * s.width;
-  OPBRIDGE_GRID_LOOP_AS(I, t, s.in_channels * width) {
-    const I c = t / width, column = t - c * width, b = column / pixels, p = column - b * pixels;
-    const I og = c / per_offset_group, oy = p / out_w, ox = p - oy * out_w;
+  OPBRIDGE_GRID_LOOP_AS(I, t, s.offset_groups * blocks * taps * width) {
+    const I rest = t / width, column = t - rest * width;  // rest = (og * blocks + block) * taps + k
+    const I group_block = rest / taps, k = rest - group_block * taps;
+    const I og = group_block / blocks, block = group_block - og * blocks;
+    const I b = column / pixels, p = column - b * pixels, oy = p / out_w, ox = p - oy * out_w;
+    const I i = k / kernel_w, j = k - i * kernel_w;
     const int64_t image = first + b;
-    const T* source = input + (image * s.in_channels + c) * plane;
-    T* target = columns + static_cast<int64_t>(c) * taps * width + column;
-    OPBRIDGE_FOR_EACH_TAP(s, k, i, j) {
-      const auto point = sample_at<T, I>(s, offset, image, og, k, I(i), I(j), p, oy, ox);
+    const auto point = sample_at<T, I>(s, offset, image, og, k, i, j, p, oy, ox);
+    const T m = mask_at(s, mask, image, og, k, p);
+    // The sample's corners and weights, as BilinearPoint::values and ::value form them for every channel.
+    I corner_offset[4];
+    T weight[4];
+#pragma unroll
+    for (int corner = 0; corner < 4; ++corner) {
+      corner_offset[corner] = point.corner[corner] ? point.index(corner, static_cast<I>(s.width)) : I(0);
+      weight[corner] = point.weight(corner);
+    }
+    const I c_first = og * per_offset_group + block * static_cast<I>(kIm2colChannels);
+    const I c_end = min(c_first + static_cast<I>(kIm2colChannels), (og + 1) * per_offset_group);
+    const T* source = input + (image * s.in_channels + c_first) * plane;
+    T* target = columns + (static_cast<int64_t>(c_first) * taps + k) * width + column;
+    const int64_t target_step = static_cast<int64_t>(taps) * width;
+#pragma unroll 4
+    for (I c = c_first; c < c_end; ++c, source += plane, target += target_step) {
       T v[4];
-      point.values(source, static_cast<I>(s.width), v);
-      target[k * width] = point.value(v) * mask_at(s, mask, image, og, k, p);
+#pragma unroll
+      for (int corner = 0; corner < 4; ++corner) v[corner] = point.corner[corner] ? source[corner_offset[corner]] : T(0);
+      T sum = T(0);
+      if (point.inside) {
+#pragma unroll
+        for (int corner = 0; corner < 4; ++corner) sum += weight[corner] * v[corner];
+      }
+      *target = sum * m;
     }
   }
 }
@@ -221,7 +255,8 @@ int64_t chunk_images(const DeformConv2dShape& s, size_t element_size) {
 template <class F>
 void with_index_type(const DeformConv2dShape& s, int64_t chunk, F&& f) {
   const int64_t width = chunk * s.out_h * s.out_w, taps = s.kernel_h * s.kernel_w;
-  const int64_t largest = std::max({s.in_channels * width, s.out_channels * width, s.offset_groups * taps * width});
+  const int64_t largest =
+      std::max({s.in_channels * width, s.out_channels * width, s.offset_groups * taps * width, im2col_threads(s, width)});
   if (largest < kernels::cuda::kInt32Loop && kernels::cuda::deform_conv2d_int32_samples(s)) {
     f(int32_t{});
   } else {
@@ -257,7 +292,7 @@ Tensor deform_conv2d_cuda(const Tensor& input, const Tensor& offset, const Tenso
       using I = decltype(index);
       for (int64_t first = 0; first < s.batch; first += chunk) {
         const int64_t count = std::min(chunk, s.batch - first), width = count * pixels;
-        im2col_kernel<T, I><<<cuda::blocks_for(s.in_channels * width), cuda::kThreads, 0, context.stream>>>(
+        im2col_kernel<T, I><<<cuda::blocks_for(im2col_threads(s, width)), cuda::kThreads, 0, context.stream>>>(
             api::data<T>(x), api::data<T>(o), optional_data<T>(m), s, first, count, api::data<T>(columns));
         cuda::check_launch("opbridge::deform_conv2d");
         for (int64_t g = 0; g < s.groups; ++g) {
@@ -347,7 +382,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_cuda(
         }
         cuda::check_launch("opbridge::deform_conv2d_backward");
         // grad_weight[group] += grad_out[group] . columns[group]^T, the columns sampled again into the same buffer.
-        im2col_kernel<T, I><<<sample_blocks, cuda::kThreads, 0, context.stream>>>(
+        im2col_kernel<T, I><<<cuda::blocks_for(im2col_threads(s, width)), cuda::kThreads, 0, context.stream>>>(
             api::data<T>(x), api::data<T>(o), optional_data<T>(m), s, first, count, cols);
         cuda::check_launch("opbridge::deform_conv2d_backward");
         T* target = chunked ? api::data<T>(weight_partial) : api::data<T>(grad_weight);

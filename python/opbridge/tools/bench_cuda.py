@@ -301,11 +301,12 @@ def profile_report(steps: int = 5) -> str:
         "ms_deform_attn 800x1333 enc, opbridge": lambda: opbridge.ms_deform_attn(*large),
         "ms_deform_attn 800x1333 enc, grid_sample": lambda: reference(*large),
         "ms_deform_attn 512x512 enc, opbridge": lambda: opbridge.ms_deform_attn(*small),
+        "ms_deform_attn 512x512 enc, grid_sample": lambda: reference(*small),
         "deform_conv2d N8 C256 50x68, opbridge": lambda: opbridge.deform_conv2d(*dcn[:4], padding=(1, 1), mask=dcn[4]),
         "deform_conv2d N8 C256 50x68, torchvision": lambda: torchvision.ops.deform_conv2d(*dcn[:4], padding=(1, 1),
                                                                                           mask=dcn[4]),
     }  # fmt: skip
-    sections = []
+    sections, totals = [], {}
     for name, forward in paths.items():
         for _ in range(2):
             forward().sum().backward()
@@ -316,13 +317,20 @@ def profile_report(steps: int = 5) -> str:
             torch.cuda.synchronize()
         kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
         kernels.sort(key=lambda e: -e.self_device_time_total)
-        total = sum(e.self_device_time_total for e in kernels) / steps / 1e3
+        total = totals[name] = sum(e.self_device_time_total for e in kernels) / steps / 1e3
         lines = [f"### {name}: {total:.3f} ms of kernels a training step", "", "| kernel | calls a step | ms a step |",
                  "|---|---|---|"]  # fmt: skip
         for e in kernels[:8]:
             lines.append(f"| `{e.key[:90]}` | {e.count / steps:g} | {e.self_device_time_total / steps / 1e3:.3f} |")
         sections.append("\n".join(lines))
-    return "\n\n## Where the GPU time goes (forward + backward, torch.profiler)\n\n" + "\n\n".join(sections)
+    ratios = ["GPU time alone (the kernels of a training step, no host time between them):", ""]
+    for name, total in totals.items():
+        case, path = name.rsplit(", ", 1)
+        if path == "opbridge":
+            baseline = next(v for k, v in totals.items() if k.startswith(case + ", ") and k != name)
+            ratios.append(f"- {case}: {baseline / total:.2f}x the baseline ({total:.3f} ms against {baseline:.3f} ms)")
+    return ("\n\n## Where the GPU time goes (forward + backward, torch.profiler)\n\n" + "\n".join(ratios) + "\n\n"
+            + "\n\n".join(sections))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
