@@ -238,8 +238,16 @@ DEFORM_CONFIGS = [
     # enough that many corners fall outside a tile's window
     dict(batch=2, channels=3, size=(40, 37), out_channels=2, offset_groups=1, stride=(1, 1), offset_scale=6.0),
     # a window over 32 KB in float64 (the untiled input gradient), not in float32
-    dict(batch=1, channels=2, size=(170, 9), out_channels=2, offset_groups=1, stride=(1, 1), padding=(0, 1),
-         dilation=(80, 1)),
+    dict(
+        batch=1,
+        channels=2,
+        size=(170, 9),
+        out_channels=2,
+        offset_groups=1,
+        stride=(1, 1),
+        padding=(0, 1),
+        dilation=(80, 1),
+    ),
 ]
 
 

@@ -78,7 +78,8 @@ __global__ void im2col_kernel(const T* __restrict__ input, const T* __restrict__
     for (I c = c_first; c < c_end; ++c, source += plane, target += target_step) {
       T v[4];
 #pragma unroll
-      for (int corner = 0; corner < 4; ++corner) v[corner] = point.corner[corner] ? source[corner_offset[corner]] : T(0);
+      for (int corner = 0; corner < 4; ++corner)
+        v[corner] = point.corner[corner] ? source[corner_offset[corner]] : T(0);
       T sum = T(0);
       if (point.inside) {
 #pragma unroll
@@ -163,7 +164,8 @@ __global__ void input_grad_kernel(const T* __restrict__ offset, const T* __restr
       if (!point.inside) continue;
       const T scaled = source[k * width] * mask_at(s, mask, image, og, k, p);
       for (int corner = 0; corner < 4; ++corner) {
-        if (point.corner[corner]) atomicAdd(target + point.index(corner, static_cast<I>(s.width)), point.weight(corner) * scaled);
+        if (point.corner[corner])
+          atomicAdd(target + point.index(corner, static_cast<I>(s.width)), point.weight(corner) * scaled);
       }
     }
   }
@@ -255,8 +257,8 @@ int64_t chunk_images(const DeformConv2dShape& s, size_t element_size) {
 template <class F>
 void with_index_type(const DeformConv2dShape& s, int64_t chunk, F&& f) {
   const int64_t width = chunk * s.out_h * s.out_w, taps = s.kernel_h * s.kernel_w;
-  const int64_t largest =
-      std::max({s.in_channels * width, s.out_channels * width, s.offset_groups * taps * width, im2col_threads(s, width)});
+  const int64_t largest = std::max(
+      {s.in_channels * width, s.out_channels * width, s.offset_groups * taps * width, im2col_threads(s, width)});
   if (largest < kernels::cuda::kInt32Loop && kernels::cuda::deform_conv2d_int32_samples(s)) {
     f(int32_t{});
   } else {
@@ -368,8 +370,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_cuda(
         }
         offset_grad_kernel<T, I>
             <<<cuda::blocks_for(count * s.offset_groups * taps * pixels), cuda::kThreads, 0, context.stream>>>(
-                api::data<T>(x), api::data<T>(o), optional_data<T>(m), cols, s, first, count,
-                api::data<T>(grad_offset), m ? api::data<T>(grad_mask) : nullptr);
+                api::data<T>(x), api::data<T>(o), optional_data<T>(m), cols, s, first, count, api::data<T>(grad_offset),
+                m ? api::data<T>(grad_mask) : nullptr);
         if (tiled) {
           const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.in_channels),
                           static_cast<unsigned>(count));

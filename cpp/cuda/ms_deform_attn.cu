@@ -95,16 +95,8 @@ __global__ void __launch_bounds__(cuda::kThreads, 2)
 #pragma unroll 1  // one pass for the usual rows (D = 32 floats: 8 lanes x 4); unrolled copies only cost registers
         for (int64_t c0 = lane * kVec; active && c0 < d; c0 += lanes * kVec) {
           const V gv = *reinterpret_cast<const V*>(g + c0);
-          V v[4];  // the four corners' loads issued together, before their uses
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            if (slot.key[k] >= 0) {
-              v[k] = *reinterpret_cast<const V*>(value_nm + static_cast<int64_t>(slot.key[k]) * key_stride + c0);
-            } else {
-#pragma unroll
-              for (int j = 0; j < kVec; ++j) v[k].v[j] = T(0);
-            }
-          }
+          V v[4];
+          kernels::cuda::ms_deform_attn_corners(value_nm, slot, key_stride, c0, v);
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             if (slot.key[k] < 0) continue;
@@ -127,15 +119,15 @@ __global__ void __launch_bounds__(cuda::kThreads, 2)
         }
       }
       __syncwarp();  // the slots are read before the next samples overwrite them
-      if (owns) {  // the sample again (cheaper than holding it in registers over the loop)
+      if (owns) {    // the sample again (cheaper than holding it in registers over the loop)
         const int64_t l = own / s.points;
         const auto sample = kernels::cuda::ms_deform_attn_sample_at<T, I>(loc, own, s.points, levels);
         const T a = attn[own];
         T* grad_loc = grad_locations + (row * lp + own) * 2;
         if (sample.any) {
           kernels::ms_deform_attn_sample_grads(sample, own_dots, a, static_cast<I>(levels.height[l]),
-                                               static_cast<I>(levels.width[l]),
-                                               grad_weights[row * lp + own], grad_loc[0], grad_loc[1]);
+                                               static_cast<I>(levels.width[l]), grad_weights[row * lp + own],
+                                               grad_loc[0], grad_loc[1]);
         } else {
           grad_weights[row * lp + own] = grad_loc[0] = grad_loc[1] = T(0);
         }

@@ -26,7 +26,7 @@ inline unsigned blocks_for(int64_t work, int64_t per_block = kThreads) {
 // for (i = first thread; i < n; i += all threads), in int64 (tensors may pass 2^31 elements).
 // OPBRIDGE_GRID_LOOP_AS(I, i, n): the same in index type I; int32 where n < kInt32Loop, whose divisions and
 // remainders cost a fraction of int64's (emulated) ones.
-#define OPBRIDGE_GRID_LOOP_AS(I, i, n)                                                                 \
+#define OPBRIDGE_GRID_LOOP_AS(I, i, n)                                                                       \
   for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < (n); \
        i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x))
 #define OPBRIDGE_GRID_LOOP(i, n)                                                         \

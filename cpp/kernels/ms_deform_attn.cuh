@@ -32,8 +32,7 @@ extern "C" {
 #if defined(__CUDA_ARCH__)
 __host__ __device__
 #endif
-    void
-    __assert_fail(const char* assertion, const char* file, unsigned int line, const char* function) noexcept
+    void __assert_fail(const char* assertion, const char* file, unsigned int line, const char* function) noexcept
     __attribute__((__noreturn__));
 }
 #endif
@@ -182,6 +181,22 @@ __device__ inline MSDeformAttnSlot<T> ms_deform_attn_slot(const T* loc, const T*
   return slot;
 }
 
+// The slot's four corner vectors at channel c0 of a row's value (zeros for corners off the map), their loads issued
+// together before any use.
+template <class T, int kVec>
+__device__ inline void ms_deform_attn_corners(const T* __restrict__ value_nm, const MSDeformAttnSlot<T>& slot,
+                                              int64_t key_stride, int64_t c0, Vec<T, kVec> (&v)[4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (slot.key[k] >= 0) {
+      v[k] = *reinterpret_cast<const Vec<T, kVec>*>(value_nm + static_cast<int64_t>(slot.key[k]) * key_stride + c0);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[k].v[j] = T(0);
+    }
+  }
+}
+
 template <class T>
 __device__ inline MSDeformAttnSlot<T> ms_deform_attn_empty_slot() {
   MSDeformAttnSlot<T> slot;
@@ -225,15 +240,7 @@ __global__ void __launch_bounds__(kThreads)
           for (int i = 0; i < count; ++i) {
             const MSDeformAttnSlot<T> slot = group[i];
             V v[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              if (slot.key[k] >= 0) {
-                v[k] = *reinterpret_cast<const V*>(value_nm + static_cast<int64_t>(slot.key[k]) * key_stride + c0);
-              } else {
-#pragma unroll
-                for (int j = 0; j < kVec; ++j) v[k].v[j] = T(0);
-              }
-            }
+            ms_deform_attn_corners(value_nm, slot, key_stride, c0, v);
 #pragma unroll
             for (int j = 0; j < kVec; ++j) {
               acc[j] += slot.weight[0] * v[0].v[j] + slot.weight[1] * v[1].v[j] + slot.weight[2] * v[2].v[j] +
@@ -264,10 +271,10 @@ cudaError_t ms_deform_attn_forward(const T* value, const T* locations, const T* 
   const int lanes = ms_deform_attn_lanes(vectors ? s.channels / kVec : s.channels);
   const unsigned blocks = blocks_for(s.batch * s.queries * s.heads * lanes);
   const bool int32 = ms_deform_attn_int32_samples(s);
-  auto kernel = vectors ? (int32 ? ms_deform_attn_forward_kernel<T, kVec, int32_t>
-                                 : ms_deform_attn_forward_kernel<T, kVec, int64_t>)
-                        : (int32 ? ms_deform_attn_forward_kernel<T, 1, int32_t>
-                                 : ms_deform_attn_forward_kernel<T, 1, int64_t>);
+  auto kernel =
+      vectors
+          ? (int32 ? ms_deform_attn_forward_kernel<T, kVec, int32_t> : ms_deform_attn_forward_kernel<T, kVec, int64_t>)
+          : (int32 ? ms_deform_attn_forward_kernel<T, 1, int32_t> : ms_deform_attn_forward_kernel<T, 1, int64_t>);
   kernel<<<blocks, kThreads, 0, stream>>>(value, locations, weights, out, s, table, lanes);
   return cudaGetLastError();
 }

@@ -131,8 +131,8 @@ inline Status check_ms_deform_attn(const MSDeformAttnNames& names, const std::ve
 // corners (int64; the CUDA kernels use int32 where value has fewer than 2^30 keys: the same values).
 template <class T, class I = int64_t>
 struct MSDeformAttnSample {
-  I key[4];  // rows of the level in value (start + y * W + x)
-  T weight[4];     // bilinear weights
+  I key[4];     // rows of the level in value (start + y * W + x)
+  T weight[4];  // bilinear weights
   bool inside[4];
   T high_y, low_y, high_x, low_x;  // 1 - ly, ly, 1 - lx, lx
   bool any = false;

@@ -44,10 +44,11 @@ inline Inputs checked(const Tensor& value, const Tensor& spatial_shapes, const T
   }
   // The level table: on value's device, or on the CPU (then checked here also for a CUDA call).
   const bool table_on_host = api::is_cpu(spatial_shapes) && api::is_cpu(level_start_index);
-  OPBRIDGE_CHECK(table_on_host || (api::same_device(spatial_shapes, value) && api::same_device(level_start_index, value)),
-                 "opbridge::ms_deform_attn: spatial_shapes and level_start_index must both be on the device of value (",
-                 api::device_name(value), ") or both on the CPU, got ", api::device_name(spatial_shapes), " and ",
-                 api::device_name(level_start_index));
+  OPBRIDGE_CHECK(
+      table_on_host || (api::same_device(spatial_shapes, value) && api::same_device(level_start_index, value)),
+      "opbridge::ms_deform_attn: spatial_shapes and level_start_index must both be on the device of value (",
+      api::device_name(value), ") or both on the CPU, got ", api::device_name(spatial_shapes), " and ",
+      api::device_name(level_start_index));
   for (const auto& [name, tensor] :
        {std::pair{"spatial_shapes", &spatial_shapes}, std::pair{"level_start_index", &level_start_index}}) {
     OPBRIDGE_CHECK(api::is_integral(tensor->scalar_type()), "opbridge::ms_deform_attn: ", name,
