@@ -21,7 +21,6 @@ namespace {
 
 using api::IntList;
 using api::Tensor;
-using kernels::BilinearPoint;
 using kernels::DeformConv2dShape;
 
 // Bytes of columns per chunk of images.
