@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -192,6 +196,66 @@ def test_backward_is_deterministic():
     for _ in range(3):
         for a, b in zip(first, _grads(call, (x, offset, weight, bias, mask), grad_out), strict=True):
             assert torch.equal(a, b)
+
+
+# Run in a subprocess under OPBRIDGE_CPU_GEMM: forward and all five gradients of a float32 convolution large enough
+# for several pixel blocks per image (so each GEMM writes a block of the output's rows, ldc != n) with two weight
+# groups (strided GEMM operands), at two threads; and which of torch's GEMM ops ran, from the profiler.
+_GEMM_SCRIPT = """
+import sys
+import numpy as np, torch
+sys.path.insert(0, sys.argv[2])
+import opbridge
+from test_deform_conv2d import GEMM_CONFIG, _inputs, _grads
+torch.set_num_threads(2)
+x, offset, weight, bias, stride, padding, dilation, mask, _, _ = _inputs(GEMM_CONFIG, torch.float64)
+x, offset, weight, bias, mask = (t.float().requires_grad_() for t in (x, offset, weight, bias, mask))
+def call(x, offset, weight, bias, mask):
+    return opbridge.deform_conv2d(x, offset, weight, bias, stride, padding, dilation, mask)
+grad_out = torch.randn(call(x, offset, weight, bias, mask).shape, generator=torch.Generator().manual_seed(1))
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+    out = call(x, offset, weight, bias, mask)
+    grads = _grads(call, (x, offset, weight, bias, mask), grad_out)
+names = {event.key for event in profile.key_averages()}
+np.savez(sys.argv[1], out=out.detach().numpy(), **{f"grad{i}": g.numpy() for i, g in enumerate(grads)},
+         onednn="mkldnn::_linear_pointwise" in names, blas="aten::mm" in names)
+"""
+# 24x30 = 720 output pixels: blocks of 192; 2 groups of 8 input channels (GEMM depth 72, row stride 144).
+GEMM_CONFIG = (2, 16, 24, 30, 12, (3, 3), (1, 1), (1, 1), (1, 1), 2, 2, True, True)
+
+
+@pytest.mark.parametrize("gemm", ["blas", "onednn", "mkl"])
+def test_both_cpu_gemms_compute_the_convolution_and_its_gradients(tmp_path, gemm):
+    """The float32 GEMMs run on torch's BLAS or on oneDNN (torch's mkldnn::_linear_pointwise), chosen by CPU and
+    OPBRIDGE_CPU_GEMM (cpp/torch/cpu_gemm.h): each, forced, is the one that runs (a value that is neither is named
+    on stderr once and leaves the CPU's choice), and computes the forward (against the numpy reference) and the
+    gradients (against torchvision's in float64 where its ops load, else against our float64 op, whose GEMMs are
+    always torch's BLAS; test_gradcheck covers that one by finite differences)."""
+    path = tmp_path / "result.npz"
+    env = dict(os.environ, OPBRIDGE_CPU_GEMM=gemm)
+    command = [sys.executable, "-c", _GEMM_SCRIPT, str(path), str(Path(__file__).parent)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    result = dict(np.load(path))
+    warning = "OPBRIDGE_CPU_GEMM=mkl is not one of blas, onednn"
+    assert done.stderr.count(warning) == (gemm == "mkl"), done.stderr
+    if gemm == "mkl":
+        assert bool(result["onednn"]) != bool(result["blas"]), result
+    else:
+        assert bool(result["onednn"]) == (gemm == "onednn") and bool(result["blas"]) == (gemm == "blas"), result
+    inputs = _inputs(GEMM_CONFIG, torch.float64)
+    x, offset, weight, bias, stride, padding, dilation, mask, groups, offset_groups = inputs
+    expected = deform_conv2d_reference(x.numpy(), weight.numpy(), offset.numpy(), bias.numpy(), mask.numpy(), stride,
+                                       (*padding, *padding), dilation, groups, offset_groups)  # fmt: skip
+    np.testing.assert_allclose(result["out"], expected, rtol=1e-4, atol=1e-4)
+    leaves = [t.requires_grad_() for t in (x, offset, weight, bias, mask)]
+    reference_op = torchvision.ops.deform_conv2d if torchvision is not None else opbridge.deform_conv2d
+
+    def call(x, offset, weight, bias, mask):
+        return reference_op(x, offset, weight, bias, stride, padding, dilation, mask)
+
+    grad_out = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1)).double()
+    for i, want in enumerate(_grads(call, leaves, grad_out)):
+        np.testing.assert_allclose(result[f"grad{i}"], want.numpy(), rtol=2e-4, atol=2e-4, err_msg=f"gradient {i}")
 
 
 def test_double_backward_raises_clearly():

@@ -11,7 +11,12 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "torch/cpu_gemm.h"
+
+#include <exception>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace opbridge::api {
@@ -53,11 +58,40 @@ void parallel_for(int64_t tasks, const F& task) {
   });
 }
 
-// torch's own BLAS (MKL or OpenBLAS through at::mm) on strided views: inside a parallel region it runs on the
-// calling thread. c[m, n] = a[m, k] * b[n, k]^T.
+// c[m, n] = a[m, k] * b[n, k]^T (float32) through oneDNN: torch's mkldnn::_linear_pointwise(X = a, W = b), called
+// boxed (its C++ signature changed across torch releases), its [m, n] result copied into c. False where the op is
+// missing or failed (nothing written to c).
+inline bool onednn_gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                        float* c, int64_t ldc) {
+  static const auto op = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  if (!op) return false;
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  std::vector<c10::IValue> stack{at::from_blob(const_cast<float*>(a), {m, k}, {lda, 1}, options),
+                                 at::from_blob(const_cast<float*>(b), {n, k}, {ldb, 1}, options),
+                                 c10::IValue(),
+                                 c10::IValue(std::string("none")),
+                                 c10::IValue(c10::List<std::optional<at::Scalar>>()),
+                                 c10::IValue()};
+  try {
+    op->callBoxed(&stack);
+  } catch (const std::exception&) {
+    return false;
+  }
+  at::from_blob(c, {m, n}, {ldc, 1}, options).copy_(stack.at(0).toTensor());
+  return true;
+}
+
+// torch's own BLAS (MKL or OpenBLAS through at::mm) on strided views, or oneDNN as cpu_gemm.h chooses: inside a
+// parallel region it runs on the calling thread. c[m, n] = a[m, k] * b[n, k]^T.
 template <class T>
 auto gemm() {
   return [](int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (use_onednn_gemm()) {
+        if (onednn_gemm(m, n, k, a, lda, b, ldb, c, ldc)) return;
+        onednn_gemm_failed() = true;
+      }
+    }
     const auto options = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
     auto c_t = at::from_blob(c, {m, n}, {ldc, 1}, options);
     at::mm_out(c_t, at::from_blob(const_cast<T*>(a), {m, k}, {lda, 1}, options),

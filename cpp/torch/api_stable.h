@@ -10,9 +10,13 @@
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
 
+#include "torch/cpu_gemm.h"
+
 #include <array>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace opbridge::api {
@@ -110,10 +114,48 @@ void mm_out(torch::stable::Device device, int64_t m, int64_t n, int64_t k, const
   (void)torch::stable::detail::to<Tensor>(stack[0]);  // releases the returned reference to c
 }
 
-// torch's CPU BLAS: c[m, n] = a[m, k] * b[n, k]^T, row-major with leading dimensions.
+// c[m, n] = a[m, k] * b[n, k]^T (float32) through oneDNN: torch's mkldnn::_linear_pointwise(X = a, W = b), whose
+// [m, n] result is copied into c's rows. False where the call failed (nothing written to c).
+inline bool onednn_gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                        float* c, int64_t ldc) {
+  const auto cpu = torch::stable::Device(torch::headeronly::DeviceType::CPU);
+  const int64_t a_shape[] = {m, k}, a_strides[] = {lda, 1}, b_shape[] = {n, k}, b_strides[] = {ldb, 1};
+  std::array<StableIValue, 6> stack{
+      torch::stable::detail::from(
+          torch::stable::from_blob(const_cast<float*>(a), a_shape, a_strides, cpu, ScalarType::Float)),
+      torch::stable::detail::from(
+          torch::stable::from_blob(const_cast<float*>(b), b_shape, b_strides, cpu, ScalarType::Float)),
+      torch::stable::detail::from(std::nullopt),
+      torch::stable::detail::from(std::string("none")),
+      torch::stable::detail::from(std::vector<int64_t>{}),  // scalars: none (an empty list of any type)
+      torch::stable::detail::from(std::nullopt)};
+  if (torch_call_dispatcher("mkldnn::_linear_pointwise", "", stack.data(), TORCH_ABI_VERSION) != AOTI_TORCH_SUCCESS)
+    return false;
+  const auto result = torch::stable::detail::to<Tensor>(stack[0]);
+  const auto* values = static_cast<const float*>(result.data_ptr());
+  const auto result_strides = result.strides();
+  for (int64_t i = 0; i < m; ++i) {
+    const float* row = values + i * result_strides[0];
+    if (result_strides[1] == 1) {
+      std::memcpy(c + i * ldc, row, sizeof(float) * static_cast<size_t>(n));
+    } else {
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = row[j * result_strides[1]];
+    }
+  }
+  return true;
+}
+
+// torch's CPU GEMM: c[m, n] = a[m, k] * b[n, k]^T, row-major with leading dimensions, through oneDNN or torch's
+// BLAS as cpu_gemm.h chooses.
 template <class T>
 auto gemm() {
   return [](int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (use_onednn_gemm()) {
+        if (onednn_gemm(m, n, k, a, lda, b, ldb, c, ldc)) return;
+        onednn_gemm_failed() = true;
+      }
+    }
     mm_out(torch::stable::Device(torch::headeronly::DeviceType::CPU), m, n, k, a, lda, 1, b, 1, ldb, c, ldc);
   };
 }
