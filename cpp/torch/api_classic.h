@@ -66,8 +66,9 @@ inline bool onednn_gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t
   static const auto op = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
   if (!op) return false;
   const auto options = at::TensorOptions().dtype(at::kFloat);
+  // W's rows must be dense (oneDNN's weight reorder of a strided W is ~2000x slower; see api_stable.h).
   std::vector<c10::IValue> stack{at::from_blob(const_cast<float*>(a), {m, k}, {lda, 1}, options),
-                                 at::from_blob(const_cast<float*>(b), {n, k}, {ldb, 1}, options),
+                                 at::from_blob(const_cast<float*>(b), {n, k}, {ldb, 1}, options).contiguous(),
                                  c10::IValue(),
                                  c10::IValue(std::string("none")),
                                  c10::IValue(c10::List<std::optional<at::Scalar>>()),
