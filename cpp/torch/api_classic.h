@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include "torch/cpu_gemm.h"
+#include "torch/tasks.h"
 
 #include <exception>
 #include <optional>
@@ -51,11 +52,11 @@ inline Tensor contiguous(const Tensor& tensor) { return tensor.contiguous(); }
 inline Tensor to(const Tensor& tensor, ScalarType dtype) { return tensor.to(dtype); }
 
 // at::parallel_for is inline OpenMP in torch's builds (CMake compiles this library with -fopenmp).
+// The tasks are handed out one at a time (tasks.h).
 template <class F>
 void parallel_for(int64_t tasks, const F& task) {
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) task(t);
-  });
+  TaskCounter counter;
+  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) { run_counted_tasks(counter, tasks, task); });
 }
 
 // c[m, n] = a[m, k] * b[n, k]^T (float32) through oneDNN: torch's mkldnn::_linear_pointwise(X = a, W = b), called

@@ -11,6 +11,7 @@
 #include <torch/headeronly/core/ScalarType.h>
 
 #include "torch/cpu_gemm.h"
+#include "torch/tasks.h"
 
 #include <array>
 #include <cstring>
@@ -88,12 +89,12 @@ inline Tensor to(const Tensor& tensor, ScalarType dtype) {
   return tensor.scalar_type() == dtype ? tensor : torch::stable::to(tensor, dtype);
 }
 
-// torch's at::parallel_for behind the stable shim: the same thread pool as torch's own ops.
+// torch's at::parallel_for behind the stable shim: the same thread pool as torch's own ops, the tasks handed out
+// one at a time (tasks.h).
 template <class F>
 void parallel_for(int64_t tasks, const F& task) {
-  torch::stable::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) task(t);
-  });
+  TaskCounter counter;
+  torch::stable::parallel_for(0, tasks, 1, [&](int64_t, int64_t) { run_counted_tasks(counter, tasks, task); });
 }
 
 // c[m, n] = a[m, k] . b[k, n] on `device` through torch's matmul (aten::mm.out on views of the caller's memory:

@@ -89,6 +89,11 @@ def deform_conv2d(
     Memory: the forward (here and in the ORT node) copies the input channels-last and the weight into scratch memory
     that the calling thread keeps for its next call, and each worker thread its block of sampled columns (about 4 MiB);
     at most 512 MiB a block, larger requests are freed after the call (docs/architecture.md).
+
+    GEMMs: float32 products run on oneDNN (torch's ``mkldnn::_linear_pointwise``) on x86 CPUs that are not Intel's
+    and have AVX-512, where MKL runs AVX2 code (about twice as fast there), and on torch's BLAS (``aten::mm``)
+    elsewhere and for float64. The environment variable ``OPBRIDGE_CPU_GEMM=blas`` or ``onednn``, read once per
+    process, overrides the choice.
     """
     if not torch.jit.is_scripting():
         for name, value in (("input", input), ("offset", offset), ("weight", weight)):
