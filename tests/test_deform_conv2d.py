@@ -224,6 +224,15 @@ np.savez(sys.argv[1], out=out.detach().numpy(), **{f"grad{i}": g.numpy() for i, 
 GEMM_CONFIG = (2, 16, 24, 30, 12, (3, 3), (1, 1), (1, 1), (1, 1), 2, 2, True, True)
 
 
+def _gemm_config_reference() -> np.ndarray:
+    """GEMM_CONFIG's convolution by the numpy reference, in float64."""
+    x, offset, weight, bias, stride, padding, dilation, mask, groups, offset_groups = _inputs(
+        GEMM_CONFIG, torch.float64
+    )
+    return deform_conv2d_reference(x.numpy(), weight.numpy(), offset.numpy(), bias.numpy(), mask.numpy(), stride,
+                                   (*padding, *padding), dilation, groups, offset_groups)  # fmt: skip
+
+
 @pytest.mark.parametrize("gemm", ["blas", "onednn", "mkl"])
 def test_both_cpu_gemms_compute_the_convolution_and_its_gradients(tmp_path, gemm):
     """The float32 GEMMs run on torch's BLAS or on oneDNN (torch's mkldnn::_linear_pointwise), chosen by CPU and
@@ -242,10 +251,8 @@ def test_both_cpu_gemms_compute_the_convolution_and_its_gradients(tmp_path, gemm
         assert bool(result["onednn"]) != bool(result["blas"]), result
     else:
         assert bool(result["onednn"]) == (gemm == "onednn") and bool(result["blas"]) == (gemm == "blas"), result
-    inputs = _inputs(GEMM_CONFIG, torch.float64)
-    x, offset, weight, bias, stride, padding, dilation, mask, groups, offset_groups = inputs
-    expected = deform_conv2d_reference(x.numpy(), weight.numpy(), offset.numpy(), bias.numpy(), mask.numpy(), stride,
-                                       (*padding, *padding), dilation, groups, offset_groups)  # fmt: skip
+    x, offset, weight, bias, stride, padding, dilation, mask, _, _ = _inputs(GEMM_CONFIG, torch.float64)
+    expected = _gemm_config_reference()
     np.testing.assert_allclose(result["out"], expected, rtol=1e-4, atol=1e-4)
     leaves = [t.requires_grad_() for t in (x, offset, weight, bias, mask)]
     reference_op = torchvision.ops.deform_conv2d if torchvision is not None else opbridge.deform_conv2d
@@ -579,6 +586,51 @@ def test_custom_kernel_matches_ort_deformconv(config, dtype):
         )
         outputs.append(opbridge_ort.InferenceSession(proto).run(None, feeds)[0])
     np.testing.assert_allclose(outputs[1], outputs[0], rtol=TOLERANCE[dtype] * 10, atol=TOLERANCE[dtype] * 10)
+
+
+# Run in a subprocess under OPBRIDGE_ORT_GEMM: the ORT node (opbridge::DeformConv2d, float32) on GEMM_CONFIG's
+# convolution (pixel blocks whose products write rows of a wider output, two groups: strided operands).
+_ORT_GEMM_SCRIPT = """
+import sys
+import numpy as np, onnxruntime, torch
+sys.path.insert(0, sys.argv[2])
+import opbridge, opbridge_ort
+from test_deform_conv2d import GEMM_CONFIG, _inputs
+x, offset, weight, bias, stride, padding, dilation, mask, _, _ = _inputs(GEMM_CONFIG, torch.float64)
+inputs = tuple(t.float() for t in (x, offset, weight, bias, mask))
+class Model(torch.nn.Module):
+    def forward(self, x, offset, weight, bias, mask):
+        return opbridge.deform_conv2d(x, offset, weight, bias, stride, padding, dilation, mask)
+names = ["x", "offset", "weight", "bias", "mask"]
+proto = opbridge.onnx.export(Model().eval(), inputs, None, opset_version=19, dynamo=False, lowering="custom",
+                             input_names=names)
+assert [n.op_type for n in proto.graph.node] == ["DeformConv2d"], [n.op_type for n in proto.graph.node]
+feeds = {n: t.numpy() for n, t in zip(names, inputs)}
+out = []
+for threads in (1, 2):
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    out.append(opbridge_ort.InferenceSession(proto, options).run(None, feeds)[0])
+np.savez(sys.argv[1], one=out[0], two=out[1])
+"""
+
+
+@pytest.mark.parametrize("gemm", ["openblas", "runtime", "mkl"])
+def test_both_ort_gemms_compute_the_convolution(tmp_path, gemm):
+    """The ORT node's float32 products run on the library's OpenBLAS or on the runtime's own Gemm kernel (MLAS,
+    through OrtApi::CreateOp / InvokeOp), chosen by OpenBLAS's kernels and OPBRIDGE_ORT_GEMM (cpp/ort/gemm.h): each,
+    forced, computes the convolution (against the numpy reference) at 1 and 2 threads, and nothing on stderr says
+    the runtime's kernel could not be created; a value that is neither is named on stderr once."""
+    path = tmp_path / "result.npz"
+    env = dict(os.environ, OPBRIDGE_ORT_GEMM=gemm)
+    command = [sys.executable, "-c", _ORT_GEMM_SCRIPT, str(path), str(Path(__file__).parent)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    assert done.stderr.count("OPBRIDGE_ORT_GEMM=mkl is not one of openblas, runtime") == (gemm == "mkl"), done.stderr
+    assert "could not be created" not in done.stderr, done.stderr
+    result = dict(np.load(path))
+    expected = _gemm_config_reference()
+    for threads in ("one", "two"):
+        np.testing.assert_allclose(result[threads], expected, rtol=1e-4, atol=1e-4, err_msg=f"{threads} thread(s)")
 
 
 # The contract of this op's public entry points (docs/api.md), run by tests/test_contract.py: bad inputs, the

@@ -4,14 +4,30 @@
 
 #include "ort/gemm.h"
 
+#include <type_traits>
+
 namespace opbridge::ort {
 namespace {
 
 struct Cpu {
   static constexpr const char* kProvider = "CPUExecutionProvider";
+  // Per kernel instance: the runtime's GEMM where it replaces the library's (gemm.h).
+  struct DeformConv2dState {
+    explicit DeformConv2dState(const OrtKernelInfo* info) : runtime_gemm(info) {}
+    RuntimeGemm runtime_gemm;
+  };
   template <class T>
-  static void deform_conv2d(OrtKernelContext* context, const T* x, const T* w, const T* offset, const T* mask,
-                            const T* bias, T* out, const kernels::DeformConv2dShape& shape) {
+  static void deform_conv2d(const DeformConv2dState& state, OrtKernelContext* context, const T* x, const T* w,
+                            const T* offset, const T* mask, const T* bias, T* out,
+                            const kernels::DeformConv2dShape& shape) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (state.runtime_gemm) {
+        auto runtime_gemm = [&](int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                                int64_t ldb, float* c,
+                                int64_t ldc) { state.runtime_gemm(context, m, n, k, a, lda, b, ldb, c, ldc); };
+        return kernels::deform_conv2d(x, w, offset, mask, bias, out, shape, SessionThreads(context), runtime_gemm);
+      }
+    }
     kernels::deform_conv2d(x, w, offset, mask, bias, out, shape, SessionThreads(context), gemm<T>);
   }
 };

@@ -26,7 +26,8 @@ inline constexpr kernels::DeformConv2dNames kNames{kOp,
 
 // The part both node forms share: the checks, the output and the kernel. `mask` and `bias` may be absent.
 template <class Device, class T>
-Ort::Status run_deform_conv2d(OrtKernelContext* context, const kernels::DeformConv2dNames& names,
+Ort::Status run_deform_conv2d(const typename Device::DeformConv2dState& state, OrtKernelContext* context,
+                              const kernels::DeformConv2dNames& names,
                               const kernels::DeformConv2dAttributes& attributes, const Ort::Custom::Tensor<T>& x,
                               const Ort::Custom::Tensor<T>& w, const Ort::Custom::Tensor<T>& offset,
                               const std::optional<Ort::ConstValue>& mask, const std::optional<Ort::ConstValue>& bias,
@@ -41,7 +42,7 @@ Ort::Status run_deform_conv2d(OrtKernelContext* context, const kernels::DeformCo
   if (!status.ok()) return from_kernel(status);
   T* out = y.Allocate({shape.batch, shape.out_channels, shape.out_h, shape.out_w});
   if (shape.batch == 0) return Ort::Status(nullptr);
-  Device::template deform_conv2d<T>(context, x.Data(), w.Data(), offset.Data(),
+  Device::template deform_conv2d<T>(state, context, x.Data(), w.Data(), offset.Data(),
                                     mask ? mask->GetTensorData<T>() : nullptr,
                                     bias ? bias->GetTensorData<T>() : nullptr, out, shape);
   return Ort::Status(nullptr);
@@ -49,7 +50,7 @@ Ort::Status run_deform_conv2d(OrtKernelContext* context, const kernels::DeformCo
 
 template <class Device, class T>
 struct DeformConv2d {
-  DeformConv2d(const OrtApi* api, const OrtKernelInfo* info) {
+  DeformConv2d(const OrtApi* api, const OrtKernelInfo* info) : state(info) {
     attributes.strides = ints_attribute(api, info, kOp, "strides", {1, 1});
     attributes.dilations = ints_attribute(api, info, kOp, "dilations", {1, 1});
     attributes.pads = ints_attribute(api, info, kOp, "pads", {0, 0, 0, 0});
@@ -64,12 +65,13 @@ struct DeformConv2d {
       // B and mask are optional and may be omitted by an empty name, which the
       // lite API's optional tensors do not survive: read them here.
       Ort::KernelContext ctx(context);
-      return run_deform_conv2d<Device>(context, kNames, attributes, x, w, offset, optional_input(ctx, 4),
+      return run_deform_conv2d<Device>(state, context, kNames, attributes, x, w, offset, optional_input(ctx, 4),
                                        optional_input(ctx, 3), y);
     });
   }
 
   kernels::DeformConv2dAttributes attributes;
+  typename Device::DeformConv2dState state;
 };
 
 template <class Device, class T, ONNXTensorElementDataType Element>
@@ -135,24 +137,26 @@ inline kernels::DeformConv2dAttributes mmcv_attributes(const OrtApi* api, const 
 template <class Device, class T>
 struct MmcvModulatedDeformConv2d {
   MmcvModulatedDeformConv2d(const OrtApi* api, const OrtKernelInfo* info)
-      : attributes(mmcv_attributes(api, info, kModulatedOp)) {}
+      : attributes(mmcv_attributes(api, info, kModulatedOp)), state(info) {}
 
   Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& x, const Ort::Custom::Tensor<T>& offset,
                       const Ort::Custom::Tensor<T>& /*mask, read as input 2*/, const Ort::Custom::Tensor<T>& w,
                       Ort::Custom::Tensor<T>& y) {
     return guarded(kModulatedOp, [&] {
       Ort::KernelContext ctx(context);
-      return run_deform_conv2d<Device>(context, kModulatedNames, attributes, x, w, offset, ctx.GetInput(2),
+      return run_deform_conv2d<Device>(state, context, kModulatedNames, attributes, x, w, offset, ctx.GetInput(2),
                                        optional_input(ctx, 4), y);
     });
   }
 
   kernels::DeformConv2dAttributes attributes;
+  typename Device::DeformConv2dState state;
 };
 
 template <class Device, class T>
 struct MmcvDeformConv2d {
-  MmcvDeformConv2d(const OrtApi* api, const OrtKernelInfo* info) : attributes(mmcv_attributes(api, info, kDcnV1Op)) {
+  MmcvDeformConv2d(const OrtApi* api, const OrtKernelInfo* info)
+      : attributes(mmcv_attributes(api, info, kDcnV1Op)), state(info) {
     if (int_attribute(api, info, kDcnV1Op, "bias", 0) != 0) {
       throw std::invalid_argument(std::string(kDcnV1Op) +
                                   ": attribute 'bias' must be 0 (mmcv's DeformConv2d has no bias input)");
@@ -162,11 +166,13 @@ struct MmcvDeformConv2d {
   Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& x, const Ort::Custom::Tensor<T>& offset,
                       const Ort::Custom::Tensor<T>& w, Ort::Custom::Tensor<T>& y) {
     return guarded(kDcnV1Op, [&] {
-      return run_deform_conv2d<Device>(context, kDcnV1Names, attributes, x, w, offset, std::nullopt, std::nullopt, y);
+      return run_deform_conv2d<Device>(state, context, kDcnV1Names, attributes, x, w, offset, std::nullopt,
+                                       std::nullopt, y);
     });
   }
 
   kernels::DeformConv2dAttributes attributes;
+  typename Device::DeformConv2dState state;
 };
 
 template <class Device, class T, ONNXTensorElementDataType Element>

@@ -3,12 +3,19 @@
 // host process) when the library is built with it, otherwise the portable
 // reference loop. Each call runs on the calling thread: the kernels split the
 // work over the session's intra-op threads themselves.
+//
+// RuntimeGemm: the runtime's own float32 GEMM instead (the CPU provider's Gemm kernel, MLAS, called through
+// OrtApi::CreateOp / InvokeOp), where OpenBLAS cannot give the CPU's speed: a build without OpenBLAS, or an
+// OpenBLAS whose kernels are narrower than the CPU (an AVX-512 CPU with OPENBLAS_CORETYPE=Haswell in the
+// environment runs OpenBLAS's AVX2 kernels, 38-41 ms for [256 x 2304] x [2304 x 4200] where MLAS takes 22 ms).
+// OPBRIDGE_ORT_GEMM=openblas or runtime overrides that choice (docs/architecture.md).
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
 #include "kernels/deform_conv2d.h"
+#include "ort/api.h"
 
 #ifdef OPBRIDGE_WITH_OPENBLAS
 #include <cblas.h>
@@ -41,5 +48,23 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, 
 #endif
   kernels::gemm_reference(m, n, k, a, lda, b, ldb, c, ldc);
 }
+
+// Whether RuntimeGemm is used (decided once per process, as above).
+bool use_runtime_gemm();
+
+// The runtime's float32 GEMM for one kernel instance: created from its kernel info when use_runtime_gemm() (empty
+// where the runtime cannot create it: the library's GEMM then runs). Calls may come from any of the session's
+// threads at once.
+class RuntimeGemm {
+ public:
+  explicit RuntimeGemm(const OrtKernelInfo* info);
+  explicit operator bool() const { return static_cast<const OrtOp*>(op_) != nullptr; }
+  // c[m, n] = a[m, k] * b[n, k]^T, row-major with leading dimensions, through the runtime's Gemm (transB = 1).
+  void operator()(OrtKernelContext* context, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                  const float* b, int64_t ldb, float* c, int64_t ldc) const;
+
+ private:
+  Ort::Op op_{nullptr};
+};
 
 }  // namespace opbridge::ort

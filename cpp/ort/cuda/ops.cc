@@ -46,9 +46,14 @@ struct Cuda {
                                stream_of(context)));
   }
 
+  // Per kernel instance: nothing here.
+  struct DeformConv2dState {
+    explicit DeformConv2dState(const OrtKernelInfo*) {}
+  };
   template <class T>
-  static void deform_conv2d(OrtKernelContext* context, const T* x, const T* w, const T* offset, const T* mask,
-                            const T* bias, T* out, const kernels::DeformConv2dShape& shape) {
+  static void deform_conv2d(const DeformConv2dState&, OrtKernelContext* context, const T* x, const T* w,
+                            const T* offset, const T* mask, const T* bias, T* out,
+                            const kernels::DeformConv2dShape& shape) {
     check(cuda::deform_conv2d(x, w, offset, mask, bias, out, shape, stream_of(context)));
   }
 };
