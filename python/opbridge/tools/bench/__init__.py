@@ -321,7 +321,13 @@ def openblas_kernels() -> str | None:
     except (ImportError, OSError, AttributeError):
         return None
     forced = os.environ.get("OPENBLAS_CORETYPE")
-    return f"OpenBLAS {kernels} kernels" + (f" (OPENBLAS_CORETYPE={forced} in the environment)" if forced else "")
+    text = f"OpenBLAS {kernels} kernels" + (f" (OPENBLAS_CORETYPE={forced} in the environment)" if forced else "")
+    # The library's rule (cpp/ort/gemm.cc): ORT's own Gemm where OpenBLAS runs narrower kernels than the CPU has.
+    choice = os.environ.get("OPBRIDGE_ORT_GEMM")
+    narrower = "AVX-512" in cpu_name() and kernels not in ("SkylakeX", "Cooperlake", "SapphireRapids")
+    if choice == "runtime" or (choice != "openblas" and narrower):
+        text += "; the deformable convolutions' products run on ORT's own Gemm (MLAS) instead"
+    return text
 
 
 def cpu_name() -> str:
