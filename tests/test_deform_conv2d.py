@@ -200,23 +200,27 @@ def test_backward_is_deterministic():
 
 # Run in a subprocess under OPBRIDGE_CPU_GEMM: forward and all five gradients of a float32 convolution large enough
 # for several pixel blocks per image (so each GEMM writes a block of the output's rows, ldc != n) with two weight
-# groups (strided GEMM operands), at two threads; and which of torch's GEMM ops ran, from the profiler.
+# groups (strided GEMM operands), at two threads; and which of torch's GEMM ops ran, from the profiler at one.
 _GEMM_SCRIPT = """
 import sys
 import numpy as np, torch
 sys.path.insert(0, sys.argv[2])
 import opbridge
 from test_deform_conv2d import GEMM_CONFIG, _inputs, _grads
-torch.set_num_threads(2)
 x, offset, weight, bias, stride, padding, dilation, mask, _, _ = _inputs(GEMM_CONFIG, torch.float64)
 x, offset, weight, bias, mask = (t.float().requires_grad_() for t in (x, offset, weight, bias, mask))
 def call(x, offset, weight, bias, mask):
     return opbridge.deform_conv2d(x, offset, weight, bias, stride, padding, dilation, mask)
 grad_out = torch.randn(call(x, offset, weight, bias, mask).shape, generator=torch.Generator().manual_seed(1))
+# Which GEMM runs, at 1 thread: the profiler sees the ops of the calling thread (tasks that run on torch's worker
+# threads may not be recorded); the values at 2 threads.
+torch.set_num_threads(1)
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-    out = call(x, offset, weight, bias, mask)
-    grads = _grads(call, (x, offset, weight, bias, mask), grad_out)
+    _grads(call, (x, offset, weight, bias, mask), grad_out)
 names = {event.key for event in profile.key_averages()}
+torch.set_num_threads(2)
+out = call(x, offset, weight, bias, mask)
+grads = _grads(call, (x, offset, weight, bias, mask), grad_out)
 np.savez(sys.argv[1], out=out.detach().numpy(), **{f"grad{i}": g.numpy() for i, g in enumerate(grads)},
          onednn="mkldnn::_linear_pointwise" in names, blas="aten::mm" in names)
 """
