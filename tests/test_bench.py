@@ -4,6 +4,7 @@ timing them, and computes ratios and target verdicts from the rows. No timings a
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 
 import numpy as np
@@ -59,6 +60,40 @@ def test_outputs_are_checked_before_timing():
         bench.check_close("off by one", want + 1, want, 1e-6, 1e-6)
     with pytest.raises(AssertionError, match="differs"):
         bench.check_close("wrong shape", want[:3], want, 1e-6, 1e-6)
+
+
+def test_a_cases_paths_are_timed_in_interleaved_rounds_at_their_thread_counts(monkeypatch):
+    """Bench.record defers timing; the case's paths then run slice by slice in turn, each at the torch thread count
+    set when it was recorded, and the next case's first record times the previous case."""
+    import torch
+
+    monkeypatch.setattr(bench, "SETTLE_S", 0.0)
+    monkeypatch.setattr(bench, "WARMUP_S", 0.0)
+    calls = []
+
+    def path(name):
+        return lambda: calls.append((name, torch.get_num_threads()))
+
+    harness, previous = bench.Bench([1, 2], warmup=1, repeat=3, triad_library=None), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        harness.record("op", "case", 1, "a", path("a"))
+        torch.set_num_threads(2)
+        harness.record("op", "case", 1, "b", path("b"))
+        harness.record("op", "case", 1, "none", None, "n/a: missing here")
+        assert calls == [] and [r.median_ms for r in harness.rows] == [None, None, None]
+        harness.record("op", "other case", 1, "c", path("c"))  # times "case"
+        names = [name for name, _ in calls]
+        assert set(calls) == {("a", 1), ("b", 2)} and names[0] == "a" and names.index("b") < len(names) // 2
+        switches = sum(1 for x, y in itertools.pairwise(names) if x != y)
+        assert switches == 2 * 3 - 1  # a's slice, b's slice, 3 rounds
+        assert [len(r.runs_ms) >= 3 for r in harness.rows[:2]] == [True, True] and harness.rows[2].runs_ms == []
+        assert harness.rows[0].median_ms is not None and harness.rows[3].median_ms is None
+        harness.flush()
+        assert harness.rows[3].median_ms is not None and ("c", 2) in calls
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.get_num_threads() == previous
 
 
 def row(op, case, threads, path, ms):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import opbridge
-from conftest import TOLERANCES, randn
+from conftest import TOLERANCES, beyond_last_level_cache, randn
 
 CALL_PATHS = {
     "opbridge.my_add": opbridge.my_add,
@@ -189,6 +189,23 @@ def test_multithreaded_kernel_matches_single_thread():
     finally:
         torch.set_num_threads(previous)
     assert torch.equal(single, multi)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_outputs_beyond_the_cache_are_exact(threads):
+    """Outputs larger than the last-level cache take the streaming-store loop (16-byte vectors, scalar tails):
+    exact against torch's 2 * a + b (2a is exact, one rounding), on inputs 4 bytes off any vector boundary."""
+    count = beyond_last_level_cache()
+    a, b = torch.randn(count + 1)[1:], torch.randn(count + 3)[3:]
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        out = opbridge.my_add(a, b)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(out, 2 * a + b)
+    a2, b1 = a[: count - 7].view(1, -1).expand(2, -1), b[: count - 7]  # two rows, b broadcast over them
+    assert torch.equal(opbridge.my_add(a2, b1), 2 * a2 + b1)
 
 
 # The contract of this op's public entry points (docs/api.md), run by tests/test_contract.py: bad inputs, the

@@ -86,17 +86,22 @@ def test_missing_library_says_what_to_do(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_intra_op_threads(threads):
+@pytest.mark.parametrize("size", ["chunks", "beyond the cache"])
+def test_intra_op_threads(threads, size):
+    """Several parallel chunks with a broadcast row; and an output larger than the last-level cache, which takes
+    the streaming-store loop (cpp/kernels/my_add.h)."""
     sys.path.insert(0, str(TESTS))
     try:
+        from conftest import beyond_last_level_cache
         from ort_cases.my_add import my_add_model
     finally:
         sys.path.remove(str(TESTS))
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     session = opbridge_ort.InferenceSession(my_add_model(np.float32, [None, None], [None]), options)
-    a = np.random.default_rng(0).standard_normal((7, 300_001)).astype(np.float32)
-    b = np.random.default_rng(1).standard_normal(300_001).astype(np.float32)
+    shape = (7, 300_001) if size == "chunks" else (1, beyond_last_level_cache())
+    a = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal(shape[1]).astype(np.float32)
     (c,) = session.run(None, {"A": a, "B": b})
     np.testing.assert_array_equal(c, 2 * a + b)
 

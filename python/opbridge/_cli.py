@@ -72,8 +72,10 @@ def bench_sections() -> list[str]:
 def bench_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m opbridge bench", description=COMMANDS["bench"] + ".")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up runs of each path (and 0.05 s at least)")
+    parser.add_argument(
+        "--repeat", type=int, default=7, help="interleaved rounds: timed runs of each path, at least (and 0.3 s)"
+    )
     sections = bench_sections()
     parser.add_argument("--ops", nargs="+", choices=sections, default=sections)
     parser.add_argument("--parity-report", type=Path, help="a `nox -s parity` JSON report, for its throughput")

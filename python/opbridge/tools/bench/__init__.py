@@ -1,7 +1,10 @@
 """``python -m opbridge bench``: opbridge's kernels against their baselines, in one run.
 
-Every row times one path (an ORT session or a torch call) at 1 and 2 threads:
-warm-up calls, then ``--repeat`` timed calls, the median reported. Each path's
+Every row times one path (an ORT session or a torch call) at 1 and 2 threads.
+The paths of one case and thread count are timed together, in ``--repeat``
+interleaved rounds (:func:`interleaved_times`), the median of each path's runs
+reported: a shared machine's speed drifts, and the ratios need every path of a
+case timed under the same drift. Each path's
 output is checked against its baseline's before it is timed. Ratios are taken
 against baselines measured in the same run, never against stored numbers.
 
@@ -83,6 +86,7 @@ def sections() -> dict[str, ModuleType]:
 
 
 def time_call(fn: Callable[[], object], warmup: int, repeat: int) -> list[float]:
+    """Times of `fn` (ms): ``warmup`` runs, then ``repeat`` timed runs, back to back."""
     for _ in range(warmup):
         fn()
     runs = []
@@ -90,6 +94,49 @@ def time_call(fn: Callable[[], object], warmup: int, repeat: int) -> list[float]
         start = time.perf_counter()
         fn()
         runs.append((time.perf_counter() - start) * 1e3)
+    return runs
+
+
+#: Idle seconds before each slice of a path: the previous slice's spinning threads have parked by then (ORT's
+#: intra-op workers spin about 35 ms after a run, OpenMP's and OpenVINO's less) instead of taking a core.
+SETTLE_S = 0.05
+#: A path's first slice warms up for ``--warmup`` runs and at least this long (first-touch page faults, caches).
+WARMUP_S = 0.05
+#: Each path is timed for at least this long in all (and at least ``--repeat`` runs, at most MAX_RUNS): the
+#: median of a millisecond path is then one of hundreds of runs, not of seven.
+TIMED_S = 0.3
+MAX_RUNS = 400
+#: A path faster than this (ms) gets one warm-up run before each later slice (the other paths evicted its data).
+_REWARM_MS = 20.0
+
+
+def interleaved_times(fns: list[Callable[[], object]], warmup: int, rounds: int,
+                      before: Callable[[int], None] | None = None) -> list[list[float]]:  # fmt: skip
+    """Times (ms) of each of `fns`, taken in `rounds` rounds that give each fn one slice in turn: SETTLE_S idle,
+    warm-up (the first slice: `warmup` runs and WARMUP_S; later slices of a fast fn: one run), then timed runs,
+    at least one and TIMED_S / `rounds` of them. A shared machine's speed drifts by 2x within seconds (another
+    tenant on the core's sibling thread); interleaving gives every path of a case the same drift, so their ratios
+    hold where back-to-back timing of one path then the next did not. `before(i)`: called before fn i's slice."""
+    runs: list[list[float]] = [[] for _ in fns]
+    per_slice_ms, cap = TIMED_S * 1e3 / rounds, max(1, MAX_RUNS // rounds)
+    for round_index in range(rounds):
+        for i, fn in enumerate(fns):
+            if before is not None:
+                before(i)
+            time.sleep(SETTLE_S)
+            if round_index == 0:
+                start, count = time.perf_counter(), 0
+                while count < warmup or time.perf_counter() - start < WARMUP_S:
+                    fn()
+                    count += 1
+            elif statistics.median(runs[i]) < _REWARM_MS:
+                fn()
+            taken: list[float] = []
+            while not taken or (sum(taken) < per_slice_ms and len(taken) < cap):
+                start = time.perf_counter()
+                fn()
+                taken.append((time.perf_counter() - start) * 1e3)
+            runs[i] += taken
     return runs
 
 
@@ -146,6 +193,8 @@ class Bench:
     def __init__(self, threads: list[int], warmup: int, repeat: int, triad_library: str | None) -> None:
         self.threads, self.warmup, self.repeat = threads, warmup, repeat
         self.rows: list[Row] = []
+        #: paths of one case waiting to be timed together: (row, fn, torch thread count at record time)
+        self._pending: list[tuple[Row, Callable[[], object], int]] = []
         #: the memory-bandwidth bound, c = 2a + b in C++ (libopbridge_bench), or None without --triad-library
         self.triad = None
         #: the whole helper library (libopbridge_bench: the triad, the rooflines of gathers), or None
@@ -157,12 +206,38 @@ class Bench:
             self.triad.restype = None
 
     def record(self, op: str, case: str, threads: int, path: str, fn: Callable[[], object] | None, note: str = ""):
-        runs = time_call(fn, self.warmup, self.repeat) if fn is not None else []
-        row = Row(op, case, threads, path, statistics.median(runs) if runs else None, runs, note)
+        """Adds a row for `path`; `fn` is timed with the other paths of the same op, case and thread count, in
+        interleaved rounds (:func:`interleaved_times`), when the first path of another case is recorded or at
+        :meth:`flush`. `fn` runs then at the torch thread count set now; it must stay valid until then."""
+        row = Row(op, case, threads, path, None, [], note)
         self.rows.append(row)
-        shown = f"{row.median_ms:10.3f} ms" if row.median_ms is not None else "       n/a   "
-        print(f"  {op:14} {case:24} {threads}t  {path:18} {shown}  {note}", flush=True)
+        if fn is None:
+            self._show(row)
+            return row
+        if self._pending and (self._pending[0][0].op, self._pending[0][0].case, self._pending[0][0].threads) != (
+            op, case, threads,
+        ):  # fmt: skip
+            self.flush()
+        self._pending.append((row, fn, torch.get_num_threads()))
         return row
+
+    def flush(self) -> None:
+        """Times the pending paths of one case (see :meth:`record`) and fills in their rows."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        current = torch.get_num_threads()
+        runs = interleaved_times([fn for _, fn, _ in pending], self.warmup, self.repeat,
+                                 before=lambda i: torch.set_num_threads(pending[i][2]))  # fmt: skip
+        torch.set_num_threads(current)
+        for (row, _, _), times in zip(pending, runs, strict=True):
+            row.runs_ms, row.median_ms = times, statistics.median(times)
+            self._show(row)
+
+    @staticmethod
+    def _show(row: Row) -> None:
+        shown = f"{row.median_ms:10.3f} ms" if row.median_ms is not None else "       n/a   "
+        print(f"  {row.op:14} {row.case:24} {row.threads}t  {row.path:18} {shown}  {row.note}", flush=True)
 
 
 # Report ------------------------------------------------------------------------------------------------
@@ -198,8 +273,10 @@ def markdown(rows: list[Row], summary: list[dict], environment: dict, parity_rep
     lines = [
         "# Benchmarks",
         "",
-        "Generated by `nox -s bench` (`python -m opbridge bench`); do not edit by hand. Medians of "
-        f"{environment['repeat']} timed runs after {environment['warmup']} warm-up runs, on "
+        "Generated by `nox -s bench` (`python -m opbridge bench`); do not edit by hand. A case's paths are timed "
+        f"in {environment['repeat']} interleaved rounds (each slice after {SETTLE_S:g} s idle; {environment['warmup']} "
+        f"warm-up runs first); a time is the median of a path's runs, at least {environment['repeat']} and "
+        f"{TIMED_S:g} s of them, on "
         f"{environment['machine']}: torch {environment['torch']}, onnxruntime {environment['onnxruntime']}; "
         f"the ORT library's GEMM: {environment.get('openblas') or 'n/a'}.",
         "A ratio is baseline time / opbridge time (above 1: opbridge is faster); for `triad`, `gemm` and the "
@@ -277,11 +354,12 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup, "repeat": args.repeat, "openblas": openblas_kernels(),
     }  # fmt: skip
     print(f"opbridge bench: torch {environment['torch']}, onnxruntime {environment['onnxruntime']}, "
-          f"threads {args.threads}, {args.warmup} warm-up + {args.repeat} timed runs each", flush=True)  # fmt: skip
+          f"threads {args.threads}, each case's paths in {args.repeat} interleaved rounds", flush=True)  # fmt: skip
     start = time.perf_counter()
     modules = sections()
     for op in args.ops:
         modules[op].run(bench)
+        bench.flush()
     summary = ratios(bench.rows)
     print(f"\n{'op':14} {'case':24} thr {'path':12} {'baseline':18} ratio   target")
     for item in summary:

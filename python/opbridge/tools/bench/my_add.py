@@ -48,6 +48,7 @@ def _case(bench: Bench, case: str, numel: int, models: dict[str, onnx.ModelProto
         if bench.triad is not None:
             c = np.empty_like(a)
             triad = partial(bench.triad, c.ctypes.data, a.ctypes.data, b.ctypes.data, numel, threads)
+            triad.keep = c  # timed later, with the case's other paths (Bench.record): c must outlive the loop
             triad()
             check_close("triad", c, want, 0, 0)
             record(threads, "triad", triad)
