@@ -82,7 +82,9 @@ def bound_request(compiled, feeds: dict[str, np.ndarray], want: np.ndarray) -> t
     def run() -> None:
         request.infer()
 
-    run.keep = buffers  # the tensors view these arrays: they must outlive the request
+    # The tensors view these arrays and the request does not own its compiled model: all must live as long as
+    # `run`, which the harness calls after this returns (Bench.record times a case's paths together).
+    run.keep = (buffers, out, compiled)
     return run, out
 
 
