@@ -179,3 +179,17 @@ def test_handwritten_ms_deform_attn_graph_matches_grid_sample_reference():
     want = reference(*inputs)
     assert ((inputs[3] < 0) | (inputs[3] > 1)).any()
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_location_gradients_are_compared_off_the_bilinear_seams():
+    """The gradient of a sampling location jumps where x * W - 0.5 is an integer; the bench compares it only away
+    from there. Checked on the float32 sample that exposed it (640x640 encoder: 69.0 in float32)."""
+    import torch
+
+    from opbridge.tools.bench import ms_deform_attn
+
+    levels = [(80, 80)]
+    x = torch.tensor(69.5 / 80, dtype=torch.float32)  # on a seam: 69.5 / 80 * 80 - 0.5 = 69
+    locations = torch.stack([torch.stack([x, torch.tensor(0.3)]), torch.tensor([0.31, 0.3])])  # [2, 2]
+    mask = ms_deform_attn.off_the_seams(locations.view(1, 2, 1, 1, 1, 2), levels).view(2, 2)
+    assert mask.tolist() == [[False, True], [True, True]]  # y = 0.3 * 80 - 0.5 = 23.5, x = 0.31 * 80 - 0.5 = 24.3

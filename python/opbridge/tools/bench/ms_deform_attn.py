@@ -93,7 +93,9 @@ def run(bench: Bench) -> None:
             record(threads, "torch_op", partial(opbridge.ms_deform_attn, *inputs))
             record(threads, "torch_reference", partial(reference, *inputs))
             ours, theirs = backward_of(opbridge.ms_deform_attn), backward_of(reference)
-            for a, b in zip(ours(), theirs(), strict=True):  # float32 sums of thousands of terms
+            smooth = off_the_seams(inputs[3], levels)
+            for i, (a, b) in enumerate(zip(ours(), theirs(), strict=True)):  # float32 sums of thousands of terms
+                a, b = (a[smooth], b[smooth]) if i == 1 else (a, b)
                 check_close("torch_backward", a.numpy(), b.numpy(), 1e-3, 1e-4 * float(b.abs().max()))
             record(threads, "torch_backward", ours)
             record(threads, "torch_reference_backward", theirs)
@@ -118,6 +120,17 @@ def encoder_inputs(levels) -> tuple[torch.Tensor, ...]:
     locations = queries[None, :, None, None, None, :] + offsets * spread[None, None, None, :, None, :]
     weights = torch.randn(1, count, HEADS, len(levels) * POINTS, generator=generator).softmax(-1)
     return value, shapes, starts, locations.contiguous(), weights.view(1, count, HEADS, len(levels), -1)
+
+
+def off_the_seams(locations: torch.Tensor, levels, pixels: float = 1e-3) -> torch.Tensor:
+    """Where the gradient of sampling_locations is defined: the coordinate more than `pixels` from a seam of the
+    bilinear grid (x * W - 0.5 an integer), on which the derivative jumps from one cell's slope to the next. There
+    float32 rounding picks a side (640x640's encoder has a sample whose x * W - 0.5 is 69.0 in float32 and
+    68.999998 in float64: gradients 30.9 and -15.0, each right for its side), so two correct implementations may
+    differ by the jump."""
+    sizes = torch.tensor([[w, h] for h, w in levels], dtype=torch.float64)  # [L, 2]: x scales by W, y by H
+    position = locations.double() * sizes[None, None, None, :, None, :] - 0.5
+    return (position - position.round()).abs() > pixels
 
 
 def handwritten_model(levels, queries: int, batch: int = 1) -> onnx.ModelProto:
