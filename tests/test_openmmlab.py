@@ -296,3 +296,27 @@ def test_inspect_explains_openmmlab_nodes(tmp_path):
     assert result.returncode == 1
     assert "mmcv node the opbridge library does not run" in result.stdout
     assert "not implemented in opbridge yet" in result.stdout and "prroi_pool.py" in result.stdout
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("interpolation", grid_sampler.INTERPOLATIONS)
+def test_grid_sampler_channels_last_matches_torch_and_the_planar_path(interpolation, dtype):
+    """Grids that sample a map many times over (out pixels >= 2 x its pixels) with 4+ channels run channels-last
+    (cpp/kernels/grid_sample.h); 37 channels cover its 16-channel vectors, 4 x 4 transposes and scalar ends. Each
+    channel run alone takes the planar path: both must give the same bits. A NaN in the map's first pixel, whose
+    offset the taps off the map carry, must not reach the samples that do not read it."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 37, 7, 9)).astype(dtype)
+    x[:, :, 0, 0] = np.nan
+    grid = rng.uniform(-1.4, 1.4, (2, 11, 13, 2)).astype(dtype)  # 143 samples of a 63-pixel map, some off it
+    for padding, align_corners in (("zeros", False), ("border", True), ("reflection", False)):
+        attrs = grid_sampler.as_symbolic(interpolation, padding, align_corners)
+        model = grid_sampler.grid_model(dtype, "mmdeploy", **attrs)
+        (out,) = run(model, {"input": x, "grid": grid}, threads=2)
+        want = F.grid_sample(torch.from_numpy(x), torch.from_numpy(grid), interpolation, padding, align_corners)
+        tolerance = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(out, want.numpy(), rtol=tolerance, atol=tolerance, equal_nan=True)
+        assert np.isnan(out).any() and not np.isnan(out).all()
+        for channel in (0, 16, 36):
+            (alone,) = run(model, {"input": np.ascontiguousarray(x[:, channel : channel + 1]), "grid": grid})
+            np.testing.assert_array_equal(alone[:, 0], out[:, channel])
