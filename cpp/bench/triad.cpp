@@ -7,14 +7,18 @@
 // Not part of any shipped library.
 #include <cstdint>
 
-#include "kernels/my_add.h"
+#include "kernels/streaming.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 extern "C" __attribute__((visibility("default"))) void opbridge_bench_triad(float* __restrict c,
                                                                             const float* __restrict a,
                                                                             const float* __restrict b, int64_t n,
                                                                             int threads) {
 #if defined(__SSE2__)
-  if (n * int64_t(sizeof(float)) >= opbridge::kernels::my_add_stream_bytes() &&
+  if (n * int64_t(sizeof(float)) >= opbridge::kernels::streaming_store_bytes() &&
       (reinterpret_cast<uintptr_t>(c) & 15) == 0) {
 #pragma omp parallel num_threads(threads)
     {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/broadcast.h"
+#include "kernels/scratch.h"
 
 namespace opbridge::kernels {
 
@@ -299,7 +300,9 @@ template <int K, class T, class ParallelFor>
 void grid_sample_channels_last(const T* input, const T* grid, T* out, const GridSampleShape& s,
                                const GridSampleAttributes& a, ParallelFor&& parallel_for) {
   const int64_t pixels = s.out_height * s.out_width, plane = s.height * s.width, channels = s.channels;
-  std::vector<T> rows(static_cast<size_t>(plane * channels));
+  // The image's channels-last copy: scratch memory the thread keeps (not zeroed, not mapped afresh per call).
+  const ThreadScratch copy(sizeof(T) * static_cast<size_t>(plane * channels));
+  T* const rows = copy.get<T>();
   constexpr int64_t kCopyBlock = 64;
   const int64_t block = std::max<int64_t>(1, kTileFloats / channels);
   for (int64_t n = 0; n < s.batch; ++n) {
@@ -308,7 +311,7 @@ void grid_sample_channels_last(const T* input, const T* grid, T* out, const Grid
       const int64_t begin = task * kCopyBlock, end = std::min(begin + kCopyBlock, plane);
       for (int64_t c = 0; c < channels; ++c) {
         const T* from = image + c * plane;
-        for (int64_t i = begin; i < end; ++i) rows[static_cast<size_t>(i * channels + c)] = from[i];
+        for (int64_t i = begin; i < end; ++i) rows[i * channels + c] = from[i];
       }
     });
     const T* g = grid + n * pixels * 2;
@@ -323,7 +326,7 @@ void grid_sample_channels_last(const T* input, const T* grid, T* out, const Grid
         int used = 0;
         for (int k = 0; k < K; ++k) {
           if (!t.valid[k]) continue;  // adds nothing (not 0 times pixel 0: a NaN there would show)
-          tap_rows[used] = rows.data() + t.offset[k] * channels;
+          tap_rows[used] = rows + t.offset[k] * channels;
           weights[used++] = t.weight[k];
         }
         T* sum = tile + (p - begin) * channels;

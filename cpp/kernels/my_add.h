@@ -2,9 +2,7 @@
 // torch.ops.opbridge.my_add, opbridge._C.my_add and ORT's opbridge::MyAdd.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <type_traits>
 
 #if defined(__SSE2__)
@@ -14,6 +12,7 @@
 #include "kernels/broadcast.h"
 #include "kernels/device.h"
 #include "kernels/float16.h"
+#include "kernels/streaming.h"
 
 namespace opbridge::kernels {
 
@@ -58,47 +57,7 @@ inline void my_add_row(const T* __restrict a, int64_t a_stride, const T* __restr
   }
 }
 
-// The size in bytes of one instance of the last-level cache CPU 0 sees (the cache the cores near it share), from
-// sysfs; 0 where unknown. Not glibc's sysconf(_SC_LEVEL3_CACHE_SIZE): on AMD EPYC it reports the whole package's
-// L3 (384 MiB for twelve 32-MiB slices, each shared by 8 cores).
-inline int64_t last_level_cache_bytes() {
-  int best_level = 0;
-  int64_t bytes = 0;
-  for (int index = 0; index < 8; ++index) {
-    char path[80];
-    std::snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", index);
-    int level = 0;
-    if (FILE* file = std::fopen(path, "r")) {
-      if (std::fscanf(file, "%d", &level) != 1) level = 0;
-      std::fclose(file);
-    }
-    if (level <= best_level) continue;
-    std::snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", index);
-    long long size = 0;
-    char unit = 0;
-    if (FILE* file = std::fopen(path, "r")) {
-      if (std::fscanf(file, "%lld%c", &size, &unit) < 1) size = 0;
-      std::fclose(file);
-    }
-    const int64_t scale = unit == 'K' ? 1 << 10 : unit == 'M' ? 1 << 20 : unit == 'G' ? 1 << 30 : 1;
-    if (size > 0) best_level = level, bytes = size * scale;
-  }
-  return bytes;
-}
-
 #if defined(__SSE2__)
-// Outputs at least this large (bytes) are written with streaming stores: beyond the last-level cache a plain
-// store first reads the line it overwrites (4 memory passes per element instead of 3) and evicts the inputs;
-// such an output leaves the cache before anyone reads it anyway. The last-level cache's size, 8 MiB where it is
-// unknown, at least 4 MiB so that an output the size of a small cache stays there for its consumer.
-inline int64_t my_add_stream_bytes() {
-  static const int64_t bytes = [] {
-    const int64_t cache = last_level_cache_bytes();
-    return cache > 0 ? std::max<int64_t>(cache, int64_t(4) << 20) : int64_t(8) << 20;
-  }();
-  return bytes;
-}
-
 // The unit-stride float row with streaming (non-temporal) stores; scalar ends until `out` is 16-byte aligned.
 // Multiplying by 2 is exact, so this rounds as my_add_one does. The caller fences (_mm_sfence) before the
 // results are read on another thread.
@@ -126,7 +85,7 @@ void my_add(const T* a, const T* b, T* out, const BinaryLoop& loop, ParallelFor&
   const int64_t b_inner = loop.b_strides.back();
 #if defined(__SSE2__)
   if constexpr (std::is_same_v<T, float>) {
-    if (a_inner == 1 && b_inner == 1 && loop.numel * int64_t(sizeof(float)) >= my_add_stream_bytes()) {
+    if (a_inner == 1 && b_inner == 1 && loop.numel * int64_t(sizeof(float)) >= streaming_store_bytes()) {
       parallel_chunks(loop.numel, kMyAddChunk, parallel_for, [&](int64_t begin, int64_t end) {
         for_each_row(loop, begin, end, [&](int64_t a_offset, int64_t b_offset, int64_t out_offset, int64_t length) {
           my_add_row_streaming(a + a_offset, b + b_offset, out + out_offset, length);

@@ -214,9 +214,8 @@ class Bench:
         if fn is None:
             self._show(row)
             return row
-        if self._pending and (self._pending[0][0].op, self._pending[0][0].case, self._pending[0][0].threads) != (
-            op, case, threads,
-        ):  # fmt: skip
+        first = self._pending[0][0] if self._pending else None
+        if first is not None and (first.op, first.case, first.threads) != (op, case, threads):
             self.flush()
         self._pending.append((row, fn, torch.get_num_threads()))
         return row
