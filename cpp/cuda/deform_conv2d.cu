@@ -274,6 +274,11 @@ Tensor deform_conv2d_cuda(const Tensor& input, const Tensor& offset, const Tenso
                           const std::optional<Tensor>& bias, IntList stride, IntList padding, IntList dilation,
                           const std::optional<Tensor>& mask) {
   const auto s = deform_conv2d_op::checked_shape(input, offset, weight, bias, stride, padding, dilation, mask);
+  if (api::is_half(input.scalar_type())) {  // half storage: float32 arithmetic, one rounding at the end
+    return api::to(deform_conv2d_cuda(api::widened(input), api::widened(offset), api::widened(weight),
+                                       api::widened(bias), stride, padding, dilation, api::widened(mask)),
+                   input.scalar_type());
+  }
   const auto dtype = input.scalar_type();
   auto out = api::empty_on({s.batch, s.out_channels, s.out_h, s.out_w}, dtype, input);
   if (out.numel() == 0) return out;
@@ -315,6 +320,20 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_cuda(
     const std::optional<Tensor>& bias, IntList stride, IntList padding, IntList dilation,
     const std::optional<Tensor>& mask) {
   const auto s = deform_conv2d_op::checked_shape(input, offset, weight, bias, stride, padding, dilation, mask);
+  if (api::is_half(input.scalar_type())) {
+    // Half storage: float32 arithmetic and float32 gradient buffers (sums over pixels, taps and the batch), each
+    // gradient rounded once to its input's dtype.
+    OPBRIDGE_CHECK(grad_out.scalar_type() == input.scalar_type(),
+                   "opbridge::deform_conv2d_backward: grad_out must have the input's dtype (",
+                   api::dtype_name(input.scalar_type()), "), got ", api::dtype_name(grad_out.scalar_type()));
+    auto [grad_input, grad_offset, grad_weight, grad_bias, grad_mask] = deform_conv2d_backward_cuda(
+        api::widened(grad_out), api::widened(input), api::widened(offset), api::widened(weight), api::widened(bias),
+        stride, padding, dilation, api::widened(mask));
+    return {api::to(grad_input, input.scalar_type()), api::to(grad_offset, offset.scalar_type()),
+            api::to(grad_weight, weight.scalar_type()),
+            api::to(grad_bias, bias ? bias->scalar_type() : input.scalar_type()),
+            api::to(grad_mask, mask ? mask->scalar_type() : input.scalar_type())};
+  }
   const std::vector<int64_t> out_shape{s.batch, s.out_channels, s.out_h, s.out_w};
   const auto dtype = input.scalar_type();
   OPBRIDGE_CHECK(api::same_device(grad_out, input) && grad_out.scalar_type() == dtype,

@@ -140,6 +140,11 @@ Tensor ms_deform_attn_cuda(const Tensor& value, const Tensor& spatial_shapes, co
                            const Tensor& sampling_locations, const Tensor& attention_weights) {
   const auto in =
       ms_deform_attn_op::checked(value, spatial_shapes, level_start_index, sampling_locations, attention_weights);
+  if (api::is_half(value.scalar_type())) {  // half storage: float32 arithmetic, one rounding at the end
+    return api::to(ms_deform_attn_cuda(api::widened(value), spatial_shapes, level_start_index,
+                                        api::widened(sampling_locations), api::widened(attention_weights)),
+                   value.scalar_type());
+  }
   const auto& s = in.shape;
   auto out = api::empty_on({s.batch, s.queries, s.heads * s.channels}, value.scalar_type(), value);
   if (out.numel() == 0) return out;
@@ -163,6 +168,18 @@ std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cuda(const Tensor& gr
                                                                 const Tensor& attention_weights) {
   const auto in =
       ms_deform_attn_op::checked(value, spatial_shapes, level_start_index, sampling_locations, attention_weights);
+  if (api::is_half(value.scalar_type())) {
+    // Half storage: float32 arithmetic and float32 gradient buffers (grad_value is a sum over every sample that
+    // reads a row), each gradient rounded once to its input's dtype.
+    OPBRIDGE_CHECK(grad_output.scalar_type() == value.scalar_type(),
+                   "opbridge::ms_deform_attn_backward: grad_output must have value's dtype (",
+                   api::dtype_name(value.scalar_type()), "), got ", api::dtype_name(grad_output.scalar_type()));
+    const auto [grad_value, grad_locations, grad_weights] = ms_deform_attn_backward_cuda(
+        api::widened(grad_output), api::widened(value), spatial_shapes, level_start_index,
+        api::widened(sampling_locations), api::widened(attention_weights));
+    return {api::to(grad_value, value.scalar_type()), api::to(grad_locations, sampling_locations.scalar_type()),
+            api::to(grad_weights, attention_weights.scalar_type())};
+  }
   const auto& s = in.shape;
   const auto dtype = value.scalar_type();
   const std::vector<int64_t> out_shape{s.batch, s.queries, s.heads * s.channels};

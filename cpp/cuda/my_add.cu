@@ -1,4 +1,5 @@
 // opbridge::my_add on CUDA: kernels/my_add.cuh's kernels (shared with the ORT CUDA library) on torch's stream.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "cuda/common.cuh"
@@ -28,6 +29,8 @@ Tensor my_add_cuda(const Tensor& a, const Tensor& b) {
   };
   if (plan.dtype == api::ScalarType::Half) {
     launch(__half{}, float{});
+  } else if (plan.dtype == api::ScalarType::BFloat16) {
+    launch(__nv_bfloat16{}, float{});
   } else if (plan.dtype == api::ScalarType::Float) {
     launch(float{}, float{});
   } else {

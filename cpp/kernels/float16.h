@@ -65,10 +65,34 @@ struct SoftFloat16 {
   }
 };
 
+// bfloat16, the top half of a float32: float -> bfloat16 rounds to nearest even, and a NaN becomes 0x7fc0, bit for
+// bit as c10::BFloat16 (Ort::BFloat16_t has the same layout). Arithmetic is the caller's, in float.
+struct BFloat16 {
+  uint16_t bits = 0;
+
+  BFloat16() = default;
+  OPBRIDGE_HD explicit BFloat16(float value) : bits(from_float(value)) {}
+  OPBRIDGE_HD explicit operator float() const { return to_float(bits); }
+
+  OPBRIDGE_HD static uint16_t from_float(float value) {
+    uint32_t x;
+    std::memcpy(&x, &value, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+    return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  }
+  OPBRIDGE_HD static float to_float(uint16_t b) {
+    const uint32_t x = static_cast<uint32_t>(b) << 16;
+    float out;
+    std::memcpy(&out, &x, sizeof out);
+    return out;
+  }
+};
+
 #if defined(__FLT16_MAX__) && !defined(OPBRIDGE_SOFT_FLOAT16)
 using float16 = _Float16;
 #else
 using float16 = SoftFloat16;
 #endif
+using bfloat16 = BFloat16;
 
 }  // namespace opbridge::kernels

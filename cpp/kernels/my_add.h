@@ -25,6 +25,10 @@ template <>
 struct OpMath<SoftFloat16> {
   using type = float;
 };
+template <>
+struct OpMath<BFloat16> {
+  using type = float;
+};
 #if defined(__FLT16_MAX__)
 template <>
 struct OpMath<_Float16> {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/broadcast.h"
+#include "kernels/float16.h"
 
 namespace opbridge::ort {
 
@@ -29,6 +30,19 @@ inline Ort::Status invalid_argument(const std::string& message) {
 
 inline Ort::Status from_kernel(const kernels::Status& status) {
   return status.ok() ? Ort::Status(nullptr) : invalid_argument(status.message);
+}
+
+// float16 nodes on the CPU: the kernels compute in float32 on widened copies of the inputs and the output is rounded
+// once, as the torch ops do with half storage (cpp/torch/api.h, is_half).
+inline std::vector<float> widened(const Ort::Float16_t* data, int64_t count) {
+  std::vector<float> out(count > 0 ? static_cast<size_t>(count) : 0);
+  const auto* half = reinterpret_cast<const kernels::float16*>(data);  // the same bits
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(half[i]);
+  return out;
+}
+inline void narrow(const std::vector<float>& data, Ort::Float16_t* out) {
+  auto* half = reinterpret_cast<kernels::float16*>(out);
+  for (size_t i = 0; i < data.size(); ++i) half[i] = kernels::float16(data[i]);
 }
 
 // Runs an op body, turning exceptions into an error status: nothing may unwind

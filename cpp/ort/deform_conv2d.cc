@@ -5,6 +5,7 @@
 #include "ort/gemm.h"
 
 #include <type_traits>
+#include <vector>
 
 namespace opbridge::ort {
 namespace {
@@ -20,24 +21,47 @@ struct Cpu {
   static void deform_conv2d(const DeformConv2dState& state, OrtKernelContext* context, const T* x, const T* w,
                             const T* offset, const T* mask, const T* bias, T* out,
                             const kernels::DeformConv2dShape& shape) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (state.runtime_gemm) {
-        auto runtime_gemm = [&](int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                                int64_t ldb, float* c,
-                                int64_t ldc) { state.runtime_gemm(context, m, n, k, a, lda, b, ldb, c, ldc); };
-        return kernels::deform_conv2d(x, w, offset, mask, bias, out, shape, SessionThreads(context), runtime_gemm);
+    if constexpr (std::is_same_v<T, Ort::Float16_t>) {
+      const auto& s = shape;
+      const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
+      const auto xf = widened(x, s.batch * s.in_channels * s.height * s.width);
+      const auto wf = widened(w, s.out_channels * (s.in_channels / s.groups) * taps);
+      const auto of = widened(offset, s.batch * s.offset_groups * taps * 2 * pixels);
+      const auto mf = mask ? widened(mask, s.batch * s.offset_groups * taps * pixels) : std::vector<float>{};
+      const auto bf = bias ? widened(bias, s.out_channels) : std::vector<float>{};
+      std::vector<float> y(static_cast<size_t>(s.batch * s.out_channels * pixels));
+      deform_conv2d<float>(state, context, xf.data(), wf.data(), of.data(), mask ? mf.data() : nullptr,
+                           bias ? bf.data() : nullptr, y.data(), shape);
+      narrow(y, out);
+    } else {
+      if constexpr (std::is_same_v<T, float>) {
+        if (state.runtime_gemm) {
+          auto runtime_gemm = [&](int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                                  int64_t ldb, float* c,
+                                  int64_t ldc) { state.runtime_gemm(context, m, n, k, a, lda, b, ldb, c, ldc); };
+          return kernels::deform_conv2d(x, w, offset, mask, bias, out, shape, SessionThreads(context), runtime_gemm);
+        }
       }
+      kernels::deform_conv2d(x, w, offset, mask, bias, out, shape, SessionThreads(context), gemm<T>);
     }
-    kernels::deform_conv2d(x, w, offset, mask, bias, out, shape, SessionThreads(context), gemm<T>);
   }
 };
 
-void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) { deform_conv2d_adapter::append<Cpu>(ops); }
+// float16 on the CPU (the CUDA library's nodes take float and double).
+constexpr auto kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+
+void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  deform_conv2d_adapter::append<Cpu>(ops);
+  ops.push_back(deform_conv2d_adapter::make_op<Cpu, Ort::Float16_t, kHalf>());
+}
 void append_mmcv_modulated_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   deform_conv2d_adapter::append_mmcv_modulated<Cpu>(ops);
+  ops.push_back(deform_conv2d_adapter::make_modulated_op<Cpu, Ort::Float16_t, kHalf>());
 }
 void append_mmcv_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   deform_conv2d_adapter::append_mmcv_v1<Cpu>(ops);
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<deform_conv2d_adapter::MmcvDeformConv2d<Cpu, Ort::Float16_t>>(
+      deform_conv2d_adapter::kDcnV1Op, Cpu::kProvider)));
 }
 
 }  // namespace

@@ -2,26 +2,45 @@
 // session's threads.
 #include "ort/ms_deform_attn.h"
 
+#include <type_traits>
+#include <vector>
+
 namespace opbridge::ort {
 namespace {
 
 struct Cpu {
   static constexpr const char* kProvider = "CPUExecutionProvider";
   template <class T>
-  static void ms_deform_attn(OrtKernelContext* context, const char*, const T* value, const int64_t* spatial_shapes,
+  static void ms_deform_attn(OrtKernelContext* context, const char* op, const T* value, const int64_t* spatial_shapes,
                              const int64_t* level_start_index, const T* locations, const T* weights, T* out,
-                             const kernels::MSDeformAttnShape& shape) {
-    kernels::ms_deform_attn(value, spatial_shapes, level_start_index, locations, weights, out, shape,
-                            SessionThreads(context));
+                             const kernels::MSDeformAttnShape& s) {
+    if constexpr (std::is_same_v<T, Ort::Float16_t>) {
+      const int64_t samples = s.batch * s.queries * s.heads * s.levels * s.points;
+      const auto v = widened(value, s.batch * s.keys * s.heads * s.channels);
+      const auto l = widened(locations, 2 * samples), w = widened(weights, samples);
+      std::vector<float> y(static_cast<size_t>(s.batch * s.queries * s.heads * s.channels));
+      ms_deform_attn<float>(context, op, v.data(), spatial_shapes, level_start_index, l.data(), w.data(), y.data(), s);
+      narrow(y, out);
+    } else {
+      kernels::ms_deform_attn(value, spatial_shapes, level_start_index, locations, weights, out, s,
+                              SessionThreads(context));
+    }
   }
 };
 
+using ms_deform_attn_adapter::kMmdeployOp;
+using ms_deform_attn_adapter::kOp;
+using ms_deform_attn_adapter::make_op;
+
+// float16 on the CPU (the CUDA library's nodes take float and double).
 void append_ms_deform_attn(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ms_deform_attn_adapter::append<Cpu>(ops);
+  ops.push_back(make_op<Cpu, Ort::Float16_t, kOp>("MultiScaleDeformableAttention"));
 }
 
 void append_mmdeploy_ms_deform_attn(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ms_deform_attn_adapter::append_mmdeploy<Cpu>(ops);
+  ops.push_back(make_op<Cpu, Ort::Float16_t, kMmdeployOp>("MMCVMultiScaleDeformableAttention"));
 }
 
 }  // namespace

@@ -15,6 +15,10 @@ template <>
 struct KernelType<Ort::Float16_t> {
   using type = kernels::float16;
 };
+template <>
+struct KernelType<Ort::BFloat16_t> {
+  using type = kernels::bfloat16;
+};
 
 struct Cpu {
   static constexpr const char* kProvider = "CPUExecutionProvider";
@@ -26,7 +30,12 @@ struct Cpu {
   }
 };
 
-void append_my_add(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) { my_add_adapter::append<Cpu>(ops); }
+void append_my_add(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  my_add_adapter::append<Cpu>(ops);
+  // bfloat16 on the CPU only (the CUDA library's MyAdd takes float, double and float16).
+  ops.push_back(complete_op(
+      Ort::Custom::CreateLiteCustomOp("MyAdd", Cpu::kProvider, my_add_adapter::compute<Cpu, Ort::BFloat16_t>)));
+}
 
 }  // namespace
 

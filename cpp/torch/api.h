@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -82,6 +83,28 @@ inline const char* dtype_name(ScalarType dtype) {
 inline bool is_integral(ScalarType dtype) {
   return dtype == ScalarType::Long || dtype == ScalarType::Int || dtype == ScalarType::Short ||
          dtype == ScalarType::Char || dtype == ScalarType::Byte;
+}
+
+// float16 and bfloat16 are storage types to the ops: they compute in float32 (accumulating in float32) and round
+// once to the storage type at the end, as torch's own half kernels do (docs/api.md, "Precision and autocast").
+inline bool is_half(ScalarType dtype) { return dtype == ScalarType::Half || dtype == ScalarType::BFloat16; }
+// The floating dtypes every op takes.
+inline bool is_float_storage(ScalarType dtype) {
+  return dtype == ScalarType::Float || dtype == ScalarType::Double || is_half(dtype);
+}
+inline constexpr const char* kFloatStorageNames = "float32, float64, float16 or bfloat16";
+// Whether a precision-critical input (sampling locations, offsets, masks, boxes) of dtype `other` may accompany the
+// op's main input of dtype `primary`: the same dtype, or float32 beside float16/bfloat16 (what autocast gives them:
+// a bfloat16 location on a 1333-pixel map is up to 2.6 pixels off).
+inline bool pairs_with(ScalarType primary, ScalarType other) {
+  return other == primary || (is_half(primary) && other == ScalarType::Float);
+}
+// A float16/bfloat16 tensor as float32; any other unchanged.
+inline Tensor widened(const Tensor& tensor) {
+  return is_half(tensor.scalar_type()) ? to(tensor, ScalarType::Float) : tensor;
+}
+inline std::optional<Tensor> widened(const std::optional<Tensor>& tensor) {
+  return tensor ? std::optional<Tensor>(widened(*tensor)) : std::nullopt;
 }
 
 template <class... Args>

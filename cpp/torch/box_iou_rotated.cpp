@@ -20,6 +20,11 @@ Tensor box_iou_rotated_cpu(const Tensor& boxes1, const Tensor& boxes2, int64_t m
   const auto dtype = boxes1.scalar_type();
   OPBRIDGE_CHECK(dtype == boxes2.scalar_type(), kOp, ": boxes1 and boxes2 must have the same dtype, got ",
                  api::dtype_name(dtype), " and ", api::dtype_name(boxes2.scalar_type()));
+  OPBRIDGE_CHECK(api::is_float_storage(dtype), kOp, ": expected ", api::kFloatStorageNames, " boxes, got ",
+                 api::dtype_name(dtype));
+  if (api::is_half(dtype)) {  // half storage: the geometry in float32, the IoUs rounded once
+    return api::to(box_iou_rotated_cpu(api::widened(boxes1), api::widened(boxes2), mode, aligned, clockwise), dtype);
+  }
   kernels::BoxIouRotatedShape shape;
   const auto status = kernels::check_box_iou_rotated(kOp, "boxes1", api::sizes(boxes1), "boxes2", api::sizes(boxes2),
                                                      mode, aligned, shape);

@@ -36,6 +36,11 @@ Tensor deform_conv2d_cpu(const Tensor& input, const Tensor& offset, const Tensor
   OPBRIDGE_CHECK(api::is_cpu(input), "opbridge::deform_conv2d: input must be on the CPU, got ",
                  api::device_name(input));
   const auto shape = checked_shape(input, offset, weight, bias, stride, padding, dilation, mask);
+  if (api::is_half(input.scalar_type())) {  // half storage: float32 arithmetic, one rounding at the end
+    return api::to(deform_conv2d_cpu(api::widened(input), api::widened(offset), api::widened(weight),
+                                       api::widened(bias), stride, padding, dilation, api::widened(mask)),
+                   input.scalar_type());
+  }
   const auto dtype = input.scalar_type();
   const auto x = api::contiguous(input), w = api::contiguous(weight), o = api::contiguous(offset);
   const auto m = mask ? std::optional<Tensor>(api::contiguous(*mask)) : std::nullopt;
@@ -57,6 +62,20 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_cpu(
   OPBRIDGE_CHECK(api::is_cpu(input), "opbridge::deform_conv2d_backward: input must be on the CPU, got ",
                  api::device_name(input));
   const auto shape = checked_shape(input, offset, weight, bias, stride, padding, dilation, mask);
+  if (api::is_half(input.scalar_type())) {
+    // Half storage: float32 arithmetic and float32 gradient buffers (sums over pixels, taps and the batch), each
+    // gradient rounded once to its input's dtype.
+    OPBRIDGE_CHECK(grad_out.scalar_type() == input.scalar_type(),
+                   "opbridge::deform_conv2d_backward: grad_out must have the input's dtype (",
+                   api::dtype_name(input.scalar_type()), "), got ", api::dtype_name(grad_out.scalar_type()));
+    auto [grad_input, grad_offset, grad_weight, grad_bias, grad_mask] = deform_conv2d_backward_cpu(
+        api::widened(grad_out), api::widened(input), api::widened(offset), api::widened(weight), api::widened(bias),
+        stride, padding, dilation, api::widened(mask));
+    return {api::to(grad_input, input.scalar_type()), api::to(grad_offset, offset.scalar_type()),
+            api::to(grad_weight, weight.scalar_type()),
+            api::to(grad_bias, bias ? bias->scalar_type() : input.scalar_type()),
+            api::to(grad_mask, mask ? mask->scalar_type() : input.scalar_type())};
+  }
   const std::vector<int64_t> out_shape{shape.batch, shape.out_channels, shape.out_h, shape.out_w};
   const auto dtype = input.scalar_type();
   OPBRIDGE_CHECK(api::is_cpu(grad_out) && grad_out.scalar_type() == dtype,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -25,15 +26,17 @@ inline kernels::DeformConv2dShape checked_shape(const Tensor& input, const Tenso
                                                 const std::optional<Tensor>& bias, IntList stride, IntList padding,
                                                 IntList dilation, const std::optional<Tensor>& mask) {
   const auto dtype = input.scalar_type();
-  OPBRIDGE_CHECK(dtype == api::ScalarType::Float || dtype == api::ScalarType::Double,
-                 "opbridge::deform_conv2d: expected float32 or float64 tensors, got input of dtype ",
-                 api::dtype_name(dtype));
-  std::vector<std::pair<const char*, const Tensor*>> tensors{{"offset", &offset}, {"weight", &weight}};
-  if (bias) tensors.emplace_back("bias", &*bias);
-  if (mask) tensors.emplace_back("mask", &*mask);
-  for (const auto& [name, tensor] : tensors) {
-    OPBRIDGE_CHECK(tensor->scalar_type() == dtype, "opbridge::deform_conv2d: ", name, " must have the dtype of input (",
-                   api::dtype_name(dtype), "), got ", api::dtype_name(tensor->scalar_type()));
+  OPBRIDGE_CHECK(api::is_float_storage(dtype), "opbridge::deform_conv2d: expected ", api::kFloatStorageNames,
+                 " tensors, got input of dtype ", api::dtype_name(dtype));
+  // weight and bias in input's dtype; offset and mask also float32 beside half storage (api::pairs_with).
+  std::vector<std::tuple<const char*, const Tensor*, bool>> tensors{{"offset", &offset, true}, {"weight", &weight, false}};
+  if (bias) tensors.emplace_back("bias", &*bias, false);
+  if (mask) tensors.emplace_back("mask", &*mask, true);
+  for (const auto& [name, tensor, precise] : tensors) {
+    const auto other = tensor->scalar_type();
+    OPBRIDGE_CHECK(precise ? api::pairs_with(dtype, other) : other == dtype, "opbridge::deform_conv2d: ", name,
+                   " must have the dtype of input (", api::dtype_name(dtype), ")",
+                   precise && api::is_half(dtype) ? " or float32" : "", ", got ", api::dtype_name(other));
     OPBRIDGE_CHECK(api::same_device(*tensor, input), "opbridge::deform_conv2d: ", name,
                    " must be on the device of input (", api::device_name(input), "), got ", api::device_name(*tensor));
   }

@@ -28,14 +28,13 @@ struct Inputs {
 inline Inputs checked(const Tensor& value, const Tensor& spatial_shapes, const Tensor& level_start_index,
                       const Tensor& sampling_locations, const Tensor& attention_weights) {
   const auto dtype = value.scalar_type();
-  OPBRIDGE_CHECK(dtype == api::ScalarType::Float || dtype == api::ScalarType::Double,
-                 "opbridge::ms_deform_attn: expected float32 or float64 tensors, got value of dtype ",
-                 api::dtype_name(dtype));
+  OPBRIDGE_CHECK(api::is_float_storage(dtype), "opbridge::ms_deform_attn: expected ", api::kFloatStorageNames,
+                 " tensors, got value of dtype ", api::dtype_name(dtype));
   for (const auto& [name, tensor] :
        {std::pair{"sampling_locations", &sampling_locations}, std::pair{"attention_weights", &attention_weights}}) {
-    OPBRIDGE_CHECK(tensor->scalar_type() == dtype, "opbridge::ms_deform_attn: ", name,
-                   " must have the dtype of value (", api::dtype_name(dtype), "), got ",
-                   api::dtype_name(tensor->scalar_type()));
+    OPBRIDGE_CHECK(api::pairs_with(dtype, tensor->scalar_type()), "opbridge::ms_deform_attn: ", name,
+                   " must have the dtype of value (", api::dtype_name(dtype), ")",
+                   api::is_half(dtype) ? " or float32" : "", ", got ", api::dtype_name(tensor->scalar_type()));
   }
   for (const auto& [name, tensor] :
        {std::pair{"sampling_locations", &sampling_locations}, std::pair{"attention_weights", &attention_weights}}) {

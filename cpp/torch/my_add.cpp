@@ -51,6 +51,8 @@ Tensor my_add_cpu(const Tensor& a, const Tensor& b) {
   };
   if (dtype == api::ScalarType::Half) {
     run(kernels::float16{});
+  } else if (dtype == api::ScalarType::BFloat16) {
+    run(kernels::bfloat16{});
   } else {
     api::dispatch_floating(dtype, "opbridge::my_add", run);
   }

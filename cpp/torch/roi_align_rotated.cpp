@@ -32,13 +32,16 @@ Checked checked(const char* op, const Tensor& input, const Tensor& rois, const k
   OPBRIDGE_CHECK(api::is_cpu(input) && api::is_cpu(rois), op, ": expected CPU tensors, got input on ",
                  api::device_name(input), " and rois on ", api::device_name(rois));
   const auto dtype = input.scalar_type();
-  OPBRIDGE_CHECK(dtype == rois.scalar_type(), op, ": rois must have the dtype of input (", api::dtype_name(dtype),
-                 "), got ", api::dtype_name(rois.scalar_type()));
+  OPBRIDGE_CHECK(api::is_float_storage(dtype), op, ": expected ", api::kFloatStorageNames, " input, got ",
+                 api::dtype_name(dtype));
+  OPBRIDGE_CHECK(api::pairs_with(dtype, rois.scalar_type()), op, ": rois must have the dtype of input (",
+                 api::dtype_name(dtype), ")", api::is_half(dtype) ? " or float32" : "", ", got ",
+                 api::dtype_name(rois.scalar_type()));
   const k::RoiAlignRotatedNames names{op, "input", "rois"};
-  Checked c{{}, api::contiguous(rois), {}};
+  Checked c{{}, api::contiguous(api::widened(rois)), {}};  // half rois read as float32
   auto status = k::check_roi_align_rotated(names, api::sizes(input), api::sizes(rois), a, c.shape);
   OPBRIDGE_CHECK(status.ok(), status.message);
-  api::dispatch_floating(dtype, op, [&](auto tag) {
+  api::dispatch_floating(c.rois.scalar_type(), op, [&](auto tag) {
     using T = decltype(tag);
     status = k::read_rotated_rois(names, api::data<T>(c.rois), c.shape, a, c.read);
   });
@@ -58,6 +61,11 @@ Tensor roi_align_rotated_cpu(const Tensor& input, const Tensor& rois, int64_t po
   constexpr const char* kOp = "opbridge::roi_align_rotated";
   const auto a = attributes(pooled_height, pooled_width, spatial_scale, sampling_ratio, aligned, clockwise);
   const auto c = checked(kOp, input, rois, a);
+  if (api::is_half(input.scalar_type())) {  // half storage: float32 arithmetic, one rounding at the end
+    return api::to(roi_align_rotated_cpu(api::widened(input), api::widened(rois), pooled_height, pooled_width,
+                                         spatial_scale, sampling_ratio, aligned, clockwise),
+                   input.scalar_type());
+  }
   const auto& s = c.shape;
   auto out = api::empty({s.rois, s.channels, s.pooled_height, s.pooled_width}, input.scalar_type());
   if (out.numel() == 0) return out;
@@ -75,6 +83,15 @@ Tensor roi_align_rotated_backward_cpu(const Tensor& grad_output, const Tensor& i
   constexpr const char* kOp = "opbridge::roi_align_rotated_backward";
   const auto a = attributes(pooled_height, pooled_width, spatial_scale, sampling_ratio, aligned, clockwise);
   const auto c = checked(kOp, input, rois, a);
+  if (api::is_half(input.scalar_type())) {  // a float32 gradient buffer (a sum over rois), rounded once
+    OPBRIDGE_CHECK(grad_output.scalar_type() == input.scalar_type(), kOp,
+                   ": grad_output must have input's dtype (", api::dtype_name(input.scalar_type()), "), got ",
+                   api::dtype_name(grad_output.scalar_type()));
+    return api::to(roi_align_rotated_backward_cpu(api::widened(grad_output), api::widened(input),
+                                                  api::widened(rois), pooled_height, pooled_width, spatial_scale,
+                                                  sampling_ratio, aligned, clockwise),
+                   input.scalar_type());
+  }
   const auto& s = c.shape;
   const std::vector<int64_t> out_shape{s.rois, s.channels, s.pooled_height, s.pooled_width};
   OPBRIDGE_CHECK(api::is_cpu(grad_output) && grad_output.scalar_type() == input.scalar_type() &&

@@ -21,8 +21,11 @@ k::RotatedFeatureAlignShape checked(const char* op, const char* features_name, c
                                     const Tensor& boxes, double spatial_scale, int64_t points) {
   OPBRIDGE_CHECK(api::is_cpu(features) && api::is_cpu(boxes), op, ": expected CPU tensors, got ", features_name, " on ",
                  api::device_name(features), " and best_rboxes on ", api::device_name(boxes));
-  OPBRIDGE_CHECK(features.scalar_type() == boxes.scalar_type(), op, ": best_rboxes must have the dtype of ",
-                 features_name, " (", api::dtype_name(features.scalar_type()), "), got ",
+  const auto dtype = features.scalar_type();
+  OPBRIDGE_CHECK(api::is_float_storage(dtype), op, ": expected ", api::kFloatStorageNames, " ", features_name,
+                 ", got ", api::dtype_name(dtype));
+  OPBRIDGE_CHECK(api::pairs_with(dtype, boxes.scalar_type()), op, ": best_rboxes must have the dtype of ",
+                 features_name, " (", api::dtype_name(dtype), ")", api::is_half(dtype) ? " or float32" : "", ", got ",
                  api::dtype_name(boxes.scalar_type()));
   k::RotatedFeatureAlignShape shape;
   const auto status = k::check_rotated_feature_align({op, features_name, "best_rboxes"}, api::sizes(features),
@@ -37,6 +40,10 @@ Tensor rotated_feature_align_cpu(const Tensor& features, const Tensor& best_rbox
                                  int64_t points) {
   constexpr const char* kOp = "opbridge::rotated_feature_align";
   const auto shape = checked(kOp, "features", features, best_rboxes, spatial_scale, points);
+  if (api::is_half(features.scalar_type())) {  // half storage: float32 arithmetic, one rounding at the end
+    return api::to(rotated_feature_align_cpu(api::widened(features), api::widened(best_rboxes), spatial_scale, points),
+                   features.scalar_type());
+  }
   auto out = api::empty(api::sizes(features), features.scalar_type());
   if (out.numel() == 0) return out;
   const auto x = api::contiguous(features), b = api::contiguous(best_rboxes);
@@ -51,6 +58,11 @@ Tensor rotated_feature_align_backward_cpu(const Tensor& grad_output, const Tenso
                                           int64_t points) {
   constexpr const char* kOp = "opbridge::rotated_feature_align_backward";
   const auto shape = checked(kOp, "grad_output", grad_output, best_rboxes, spatial_scale, points);
+  if (api::is_half(grad_output.scalar_type())) {  // a float32 gradient buffer, rounded once
+    return api::to(rotated_feature_align_backward_cpu(api::widened(grad_output), api::widened(best_rboxes),
+                                                      spatial_scale, points),
+                   grad_output.scalar_type());
+  }
   auto grad = api::empty(api::sizes(grad_output), grad_output.scalar_type());
   if (grad.numel() == 0) return grad;
   const auto g = api::contiguous(grad_output), b = api::contiguous(best_rboxes);

@@ -80,3 +80,32 @@ def alert_not_deterministic(op: str, *tensors) -> None:
         warnings.warn(message, UserWarning, stacklevel=3)
     else:
         raise RuntimeError(message)
+
+
+#: The floating dtypes every op takes: float16 and bfloat16 are storage types (float32 arithmetic inside).
+FLOAT_STORAGE = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+HALF = (torch.float16, torch.bfloat16)
+
+
+def float_storage(op: str, name: str, value) -> None:
+    """A fake kernel's check of the op's main floating input, as the C++ adapters word it."""
+    torch._check(
+        value.dtype in FLOAT_STORAGE,
+        lambda: f"{op}: expected float32, float64, float16 or bfloat16 tensors, got {name} of dtype {value.dtype}",
+    )
+
+
+def same_dtype(op: str, main_name: str, main, name: str, value, precise: bool = False) -> None:
+    """`value` in `main`'s dtype; a `precise` input (locations, offsets, masks, boxes) also float32 beside float16 or
+    bfloat16 storage (cpp/torch/api.h, pairs_with)."""
+    if value is None:
+        return
+    allowed = value.dtype == main.dtype or (precise and main.dtype in HALF and value.dtype == torch.float32)
+    torch._check(
+        allowed,
+        lambda: (
+            f"{op}: {name} must have the dtype of {main_name} ({main.dtype})"
+            + (" or float32" if precise and main.dtype in HALF else "")
+            + f", got {value.dtype}"
+        ),
+    )

@@ -19,7 +19,9 @@ dynamic-shape standard lowering at export), and gives back a :class:`Patch` that
   instances' attribute is swapped, with the same rules.
 
 Every replacement hands the call back to the library's own code where opbridge's op cannot serve it (a CUDA
-tensor, a dtype other than float32/float64), so a patched model never fails where the unpatched one works.
+tensor, dtypes the op does not take together), so a patched model never fails where the unpatched one works.
+Half-precision layers (``model.half()``, ``model.bfloat16()``, autocast) are served: the op stores float16/bfloat16
+and computes in float32.
 """
 
 from __future__ import annotations
@@ -38,11 +40,22 @@ import torch
 HUB_LAYER_NAME = "MultiScaleDeformableAttention"
 _HUB_PARAMETERS = ("value", "value_spatial_shapes", "value_spatial_shapes_list", "level_start_index",
                    "sampling_locations", "attention_weights", "im2col_step")  # fmt: skip
-_SERVED_DTYPES = (torch.float32, torch.float64)
 
 
-def _served(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype in _SERVED_DTYPES and t.device.type == "cpu" for t in tensors)
+def _served(value: torch.Tensor, *precise: torch.Tensor) -> bool:
+    """Whether opbridge's op takes these tensors as they come: on the CPU, in the dtype rules of the op (locations and
+    weights in value's dtype, or float32 beside float16/bfloat16), or under CPU autocast, whose rule for the op
+    casts them (python/opbridge/_autocast.py; it leaves float64 alone)."""
+    from ._checks import FLOAT_STORAGE, HALF
+
+    tensors = (value, *precise)
+    if any(t.device.type != "cpu" or t.dtype not in FLOAT_STORAGE for t in tensors):
+        return False
+    if torch.is_autocast_enabled("cpu") and (
+        all(t.dtype != torch.float64 for t in tensors) or all(t.dtype == torch.float64 for t in tensors)
+    ):
+        return True
+    return all(t.dtype == value.dtype or (value.dtype in HALF and t.dtype == torch.float32) for t in precise)
 
 
 def _int64(size) -> torch.Tensor:

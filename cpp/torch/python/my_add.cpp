@@ -9,7 +9,7 @@ OPBRIDGE_PYTHON_BINDING(my_add, module) {
       "my_add",
       [](pybind11::handle a, pybind11::handle b) { return python::call_op("opbridge::my_add", {{"a", a}, {"b", b}}); },
       pybind11::arg("a"), pybind11::arg("b"),
-      "my_add(a, b) -> Tensor\n\nReturns 2 * a + b (broadcasting; float32, float64 or float16; CPU).");
+      "my_add(a, b) -> Tensor\n\nReturns 2 * a + b (broadcasting; float32, float64, float16 or bfloat16; CPU).");
 }
 
 }  // namespace opbridge

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-from .. import _checks, specs
+from .. import _autocast, _checks, specs
 from .roi_align_rotated import float64_cos_gap
 
 __all__ = ["box_iou_rotated"]
@@ -75,11 +75,16 @@ def _box_iou_rotated_fake(boxes1, boxes2, mode=0, aligned=False, clockwise=True)
         boxes1.dim() == 2 and boxes1.shape[1] == 5 and boxes2.dim() == 2 and boxes2.shape[1] == 5,
         lambda: f"{op}: boxes must have shape [boxes, 5], got {tuple(boxes1.shape)} and {tuple(boxes2.shape)}",
     )
+    _checks.float_storage(op, "boxes1", boxes1)
     torch._check(boxes1.dtype == boxes2.dtype, lambda: f"{op}: boxes1 and boxes2 must have the same dtype")
     if aligned:
         torch._check(boxes1.shape[0] == boxes2.shape[0], lambda: f"{op}: aligned=True needs as many boxes in both")
         return boxes1.new_empty((boxes1.shape[0],))
     return boxes1.new_empty((boxes1.shape[0], boxes2.shape[0]))
+
+
+AUTOCAST = _autocast.Rule("float32", like=0)
+_autocast.register("opbridge::box_iou_rotated", AUTOCAST)
 
 
 # --- ONNX ------------------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from .. import _checks, specs
+from .. import _autocast, _checks, specs
 from ..specs import LoweringError
 
 #: Public names: ``opbridge.<name>``; ``NN_MODULES`` go to ``opbridge.nn``.
@@ -121,13 +121,10 @@ def _deform_conv2d_fake(input, offset, weight, bias=None, stride=(1, 1), padding
             f"{tuple(input.shape)}, {tuple(weight.shape)} and {tuple(offset.shape)}"
         ),
     )
-    for name, tensor in (("offset", offset), ("weight", weight), ("bias", bias), ("mask", mask)):
-        torch._check(
-            tensor is None or tensor.dtype == input.dtype,
-            lambda name=name, tensor=tensor: (
-                f"{op}: {name} must have the dtype of input ({input.dtype}), got {tensor.dtype}"
-            ),
-        )
+    _checks.float_storage(op, "input", input)
+    for name, tensor, precise in (("offset", offset, True), ("weight", weight, False), ("bias", bias, False),
+                                  ("mask", mask, True)):  # fmt: skip
+        _checks.same_dtype(op, "input", input, name, tensor, precise)
     torch._check(
         weight.shape[1] > 0 and input.shape[1] % weight.shape[1] == 0,
         lambda: (
@@ -139,6 +136,10 @@ def _deform_conv2d_fake(input, offset, weight, bias=None, stride=(1, 1), padding
     out_h = (input.shape[2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
     out_w = (input.shape[3] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
     return input.new_empty((input.shape[0], weight.shape[0], out_h, out_w))
+
+
+AUTOCAST = _autocast.Rule("native", precise=(1, 7))  # offset, mask in float32
+_autocast.register("opbridge::deform_conv2d", AUTOCAST)
 
 
 @torch.library.register_fake("opbridge::deform_conv2d_backward")

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import _checks, specs
+from .. import _autocast, _checks, specs
 
 #: Public names: ``opbridge.<name>``; ``NN_MODULES`` go to ``opbridge.nn``.
 __all__ = ["MSDeformAttnFunction", "ms_deform_attn", "ms_deform_attn_level_table"]
@@ -100,13 +100,9 @@ def _ms_deform_attn_fake(value, spatial_shapes, level_start_index, sampling_loca
             f"{tuple(sampling_locations.shape)} and {tuple(attention_weights.shape)}"
         ),
     )
+    _checks.float_storage(op, "value", value)
     for name, tensor in (("sampling_locations", sampling_locations), ("attention_weights", attention_weights)):
-        torch._check(
-            tensor.dtype == value.dtype,
-            lambda name=name, tensor=tensor: (
-                f"{op}: {name} must have the dtype of value ({value.dtype}), got {tensor.dtype}"
-            ),
-        )
+        _checks.same_dtype(op, "value", value, name, tensor, precise=True)
     torch._check(
         not spatial_shapes.dtype.is_floating_point and not level_start_index.dtype.is_floating_point,
         lambda: f"{op}: spatial_shapes and level_start_index must be integer tensors (int64)",
@@ -120,6 +116,10 @@ def _ms_deform_attn_fake(value, spatial_shapes, level_start_index, sampling_loca
         ),
     )
     return value.new_empty((n, sampling_locations.shape[1], heads * channels))
+
+
+AUTOCAST = _autocast.Rule("native", precise=(3, 4))  # locations, weights in float32
+_autocast.register("opbridge::ms_deform_attn", AUTOCAST)
 
 
 def _level_table_device(op: str, value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor) -> None:
@@ -297,7 +297,10 @@ class MultiScaleDeformableAttention(torch.nn.Module):
         weights = self.attention_weights(query).view(n, queries, heads, levels * points).softmax(-1)
         weights = weights.view(n, queries, heads, levels, points)
         if reference_points.shape[-1] == 2:
-            size = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1).to(offsets.dtype)  # (W, H)
+            # (W, H) in the reference points' precision: under autocast the offsets are bfloat16, in which a
+            # 1333-pixel width is 1336.
+            dtype = torch.promote_types(offsets.dtype, reference_points.dtype)
+            size = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1).to(dtype)
             locations = reference_points[:, :, None, :, None, :] + offsets / size[None, None, None, :, None, :]
         elif reference_points.shape[-1] == 4:
             locations = (reference_points[:, :, None, :, None, :2]

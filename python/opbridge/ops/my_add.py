@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import _checks, specs
+from .. import _autocast, _checks, specs
 from ..onnx import functions
 
 #: Public names: ``opbridge.<name>``; ``NN_MODULES`` go to ``opbridge.nn``.
@@ -56,12 +56,13 @@ def _my_add_fake(a: Tensor, b: Tensor) -> Tensor:
         a.dtype == b.dtype,
         lambda: f"opbridge::my_add: a and b must have the same dtype, got a: {a.dtype} and b: {b.dtype}",
     )
-    torch._check(
-        a.dtype in (torch.float32, torch.float64, torch.float16),
-        lambda: f"opbridge::my_add: expected float32, float64 or float16 tensors, got {a.dtype}",
-    )
+    _checks.float_storage("opbridge::my_add", "a", a)
     shape = torch.broadcast_shapes(a.shape, b.shape)
     return a.new_empty(shape)
+
+
+AUTOCAST = _autocast.Rule("promote")
+_autocast.register("opbridge::my_add", AUTOCAST)
 
 
 def _backward(grad: Tensor, a_shape: torch.Size, b_shape: torch.Size, needs_input_grad) -> tuple:

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import _checks, specs
+from .. import _autocast, _checks, specs
 from ..specs import LoweringError
 
 __all__ = ["nms_rotated"]
@@ -80,10 +80,15 @@ def _nms_rotated_fake(boxes, scores, iou_threshold, labels=None, clockwise=True)
         boxes.dim() == 2 and boxes.shape[1] == 5 and scores.dim() == 1 and scores.shape[0] == boxes.shape[0],
         lambda: f"{op}: boxes must be [N, 5] and scores [N], got {tuple(boxes.shape)} and {tuple(scores.shape)}",
     )
+    _checks.float_storage(op, "boxes", boxes)
     torch._check(boxes.dtype == scores.dtype, lambda: f"{op}: boxes and scores must have the same dtype")
     kept = torch.library.get_ctx().new_dynamic_size()
     torch._check(kept <= boxes.shape[0])
     return boxes.new_empty((kept,), dtype=torch.int64)
+
+
+AUTOCAST = _autocast.Rule("float32")
+_autocast.register("opbridge::nms_rotated", AUTOCAST)
 
 
 # --- ONNX ------------------------------------------------------------------------------------------------------------

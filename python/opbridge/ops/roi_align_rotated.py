@@ -19,7 +19,7 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from .. import _checks, specs
+from .. import _autocast, _checks, specs
 
 __all__ = ["roi_align_rotated"]
 NN_MODULES = ["RoIAlignRotated"]
@@ -100,8 +100,13 @@ def _roi_align_rotated_fake(
         input.dim() == 4 and rois.dim() == 2 and rois.shape[1] == 6,
         lambda: f"{op}: input must be [N, C, H, W] and rois [K, 6], got {tuple(input.shape)} and {tuple(rois.shape)}",
     )
-    torch._check(rois.dtype == input.dtype, lambda: f"{op}: rois must have the dtype of input ({input.dtype})")
+    _checks.float_storage(op, "input", input)
+    _checks.same_dtype(op, "input", input, "rois", rois, precise=True)
     return input.new_empty((rois.shape[0], input.shape[1], pooled_height, pooled_width))
+
+
+AUTOCAST = _autocast.Rule("float32", like=0)  # torchvision's roi_align rule
+_autocast.register("opbridge::roi_align_rotated", AUTOCAST)
 
 
 @torch.library.register_fake("opbridge::roi_align_rotated_backward")

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from .. import _checks, specs
+from .. import _autocast, _checks, specs
 from ..specs import LoweringError
 from .roi_align_rotated import Bilinear, _bilinear, float64_cos_gap
 
@@ -78,8 +78,13 @@ def _rotated_feature_align_fake(features, best_rboxes, spatial_scale, points=1):
             f"and {tuple(best_rboxes.shape)}"
         ),
     )
-    torch._check(best_rboxes.dtype == features.dtype, lambda: f"{op}: best_rboxes must have the features' dtype")
+    _checks.float_storage(op, "features", features)
+    _checks.same_dtype(op, "features", features, "best_rboxes", best_rboxes, precise=True)
     return torch.empty_like(features, memory_format=torch.contiguous_format)
+
+
+AUTOCAST = _autocast.Rule("native", precise=(1,))  # boxes in float32
+_autocast.register("opbridge::rotated_feature_align", AUTOCAST)
 
 
 @torch.library.register_fake("opbridge::rotated_feature_align_backward")
