@@ -164,6 +164,46 @@ def torch_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _known_dtype(b, value) -> torch.dtype | None:
+    if value is None or isinstance(value, (bool, int, float, str, list, tuple)):
+        return None
+    try:
+        return b.dtype(value)
+    except (LoweringError, AttributeError, TypeError, RuntimeError):
+        return None
+
+
+def half_storage(build: Callable[..., Any], *, native: Sequence[torch.dtype] = (), floating_output: bool = True):
+    """``build`` for half storage (docs/api.md, "Precision and autocast"): where the op's first argument is float16
+    or bfloat16, its half arguments are cast to float32, ``build`` builds in float32 and the output is cast back,
+    which is the op's own arithmetic (float32, one rounding) on any runtime: ORT has no float16 GridSample or
+    DeformConv kernel, and a decomposition in half arithmetic would round at every node. ``native``: the half dtypes
+    ``build``'s nodes take as they are where every floating argument has that dtype (a custom node with a float16
+    kernel); ``floating_output`` False: the output is not floating (indices) and stays as built."""
+
+    @functools.wraps(build)
+    def lowered(b, *args, **kwargs):
+        main = _known_dtype(b, args[0]) if args else None
+        if main not in _HALF:
+            return build(b, *args, **kwargs)
+        dtypes = [_known_dtype(b, a) for a in args]
+        keyword_dtypes = {k: _known_dtype(b, v) for k, v in kwargs.items()}
+        floating = [d for d in (*dtypes, *keyword_dtypes.values()) if d is not None and d.is_floating_point]
+        if main in native and all(d == main for d in floating):
+            return build(b, *args, **kwargs)
+        args = [b.cast(a, torch.float32) if d in _HALF else a for a, d in zip(args, dtypes)]
+        kwargs = {k: b.cast(v, torch.float32) if keyword_dtypes[k] in _HALF else v for k, v in kwargs.items()}
+        out = build(b, *args, **kwargs)
+        if not floating_output:
+            return out
+        return tuple(b.cast(o, main) for o in out) if isinstance(out, (tuple, list)) else b.cast(out, main)
+
+    return lowered
+
+
 class LoweringError(RuntimeError):
     """An op cannot be expressed in ONNX with the requested lowering and opset."""
 

@@ -66,6 +66,12 @@ class _Shared:
     def unsqueeze(self, value, axes: Sequence[int] | int):
         return self.with_axes("Unsqueeze", value, [axes] if isinstance(axes, int) else axes)
 
+    def cast(self, value, dtype: torch.dtype):
+        """``value`` cast to ``dtype``, its type known to the exporter downstream."""
+        out = self.op("Cast", value, to=ONNX_TYPES[dtype])
+        self.set_type(out, value, self.static_shape(value), dtype)
+        return out
+
     def reduce(self, op_type: str, value, axes: Sequence[int], keepdims: bool = False):
         """``Reduce<op_type>`` (Sum, Max, Min, ...) over ``axes``."""
         return self.with_axes(f"Reduce{op_type}", value, axes, keepdims=int(keepdims))
@@ -315,7 +321,15 @@ class DynamoBuilder(_Shared):
         """Types come from torch.export's fake tensors; nothing to do."""
 
     def set_type(self, out, like, sizes, dtype=None) -> None:
-        """Types come from torch.export's fake tensors; nothing to do."""
+        """Types come from torch.export's fake tensors; a node added by a lowering itself (cast) gets its element
+        type and shape here, so that the lowering's later steps can read them."""
+        if dtype is None or getattr(out, "dtype", None) is not None:
+            return
+        from onnxscript import ir
+
+        out.dtype = ir.DataType(ONNX_TYPES[dtype])
+        if getattr(out, "shape", None) is None and getattr(like, "shape", None) is not None:
+            out.shape = like.shape
 
 
 def _broadcast(a: list | None, b: list | None) -> list | None:

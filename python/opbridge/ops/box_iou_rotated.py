@@ -214,8 +214,8 @@ def _standard(b, boxes1, boxes2, mode=0, aligned=False, clockwise=True):
 
 
 _LOWERINGS = [
-    specs.Lowering("standard", _standard, min_opset=11, note="Green's theorem over clipped edges"),
-    specs.Lowering("custom", _custom, min_opset=9, note="opbridge::BoxIouRotated"),
+    specs.Lowering("standard", specs.half_storage(_standard), min_opset=11, note="Green's theorem over clipped edges"),
+    specs.Lowering("custom", specs.half_storage(_custom), min_opset=9, note="opbridge::BoxIouRotated"),
 ]
 
 
@@ -340,7 +340,7 @@ SPEC = specs.register(
             doc="mmcv's box_iou_rotated: [N, 5] x [M, 5] boxes (cx, cy, w, h, angle) -> [N, M] (aligned: [N]).",
             attributes=(("aligned", "int"), ("clockwise", "int"), ("mode", "int")),
         ),
-        dtypes=(torch.float32, torch.float64),
+        dtypes=(torch.float32, torch.float64, torch.float16),
         call_paths={"torch.ops": _Model},
         sample_inputs=_sample_inputs,
         operand_kinds=tuple(_KINDS),

@@ -546,14 +546,28 @@ def _value_typed(lowering):
     return typed
 
 
+# Half storage (specs.half_storage): float32 inside, as the op computes; the custom node's float16 kernel takes a
+# float16 model as it is.
 _LOWERINGS = [
     specs.Lowering(
-        "standard", _value_typed(_grid_sample), min_opset=16, note="GridSample per level (float64 < opset 20: Gather)"
+        "standard",
+        specs.half_storage(_value_typed(_grid_sample)),
+        min_opset=16,
+        note="GridSample per level (float64 < opset 20: Gather)",
     ),
     specs.Lowering(
-        "standard", _value_typed(_gathered), min_opset=11, max_opset=15, note="Gather bilinear decomposition"
+        "standard",
+        specs.half_storage(_value_typed(_gathered)),
+        min_opset=11,
+        max_opset=15,
+        note="Gather bilinear decomposition",
     ),
-    specs.Lowering("custom", _value_typed(_custom), min_opset=9, note="opbridge::MultiScaleDeformableAttention"),
+    specs.Lowering(
+        "custom",
+        specs.half_storage(_value_typed(_custom), native=(torch.float16,)),
+        min_opset=9,
+        note="opbridge::MultiScaleDeformableAttention",
+    ),
 ]
 
 
@@ -623,11 +637,11 @@ specs.register(
             op_type="MultiScaleDeformableAttention",
             inputs=("value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"),
             outputs=("output",),
-            types=("tensor(float)", "tensor(double)"),
+            types=("tensor(float)", "tensor(double)", "tensor(float16)"),
             doc="Deformable DETR's multi-scale deformable attention: output [N, Lq, M * D].",
             int64_inputs=("spatial_shapes", "level_start_index"),
         ),
-        dtypes=(torch.float32, torch.float64),
+        dtypes=(torch.float32, torch.float64, torch.float16),
         call_paths={"torch.ops": _OpModel, "autograd.Function": _FunctionModel, "shape-reading": _ShapeReadingModel},
         sample_inputs=_sample_inputs,
         input_names=("value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"),

@@ -176,12 +176,22 @@ SPEC = specs.register(
         doc="2 * a + b with broadcasting",
         lowerings=[
             # Constant, Mul and Add exist in every opset the exporters produce.
-            specs.Lowering("standard", _standard, min_opset=7, note="Constant, Mul, Add"),
-            specs.Lowering("custom", _custom, min_opset=7, note="opbridge::MyAdd"),
+            # float16 as it is (ORT's Mul and Add take it); bfloat16 in float32 (they do not on the CPU).
+            specs.Lowering(
+                "standard", specs.half_storage(_standard, native=(torch.float16,)), min_opset=7,
+                note="Constant, Mul, Add",
+            ),
+            specs.Lowering(
+                "custom", specs.half_storage(_custom, native=(torch.float16, torch.bfloat16)), min_opset=7,
+                note="opbridge::MyAdd",
+            ),
             # The function body uses CastLike (opset 15) to match the input's dtype.
             specs.Lowering(
                 "function",
-                functions.call(_FUNCTION, set_type=lambda b, out, x, y: b.set_broadcast_type(out, x, y)),
+                specs.half_storage(
+                    functions.call(_FUNCTION, set_type=lambda b, out, x, y: b.set_broadcast_type(out, x, y)),
+                    native=(torch.float16,),
+                ),
                 min_opset=15,
                 function=_FUNCTION,
                 note="onnxscript function MyAdd",
@@ -191,10 +201,10 @@ SPEC = specs.register(
             op_type="MyAdd",
             inputs=("A", "B"),
             outputs=("C",),
-            types=("tensor(float)", "tensor(double)", "tensor(float16)"),
+            types=("tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"),
             doc="C = 2 * A + B with multidirectional (NumPy) broadcasting.",
         ),
-        dtypes=(torch.float32, torch.float64),
+        dtypes=(torch.float32, torch.float64, torch.float16),
         call_paths={"torch.ops": MyAdd, "pybind": _Pybind, "autograd.Function": _AutogradFunction},
         sample_inputs=_sample_inputs,
         operand_kinds=("same", "broadcast"),

@@ -113,7 +113,11 @@ def _custom(b, boxes, scores, iou_threshold, labels=None, clockwise=True):
     return out
 
 
-_LOWERINGS = [specs.Lowering("custom", _custom, min_opset=9, note="opbridge::NmsRotated")]
+_LOWERINGS = [
+    specs.Lowering(
+        "custom", specs.half_storage(_custom, floating_output=False), min_opset=9, note="opbridge::NmsRotated"
+    )
+]
 
 
 # --- parity and reference ------------------------------------------------------------------------------------------
@@ -188,7 +192,7 @@ SPEC = specs.register(
             int64_inputs=("labels",),
             int64_outputs=("keep",),
         ),
-        dtypes=(torch.float32, torch.float64),
+        dtypes=(torch.float32, torch.float64, torch.float16),
         call_paths={"torch.ops": _Model},
         sample_inputs=_sample_inputs,
         operand_kinds=_KINDS,

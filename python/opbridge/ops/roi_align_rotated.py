@@ -363,8 +363,8 @@ def float64_cos_gap(cell) -> str | None:
 
 
 _LOWERINGS = [
-    specs.Lowering("standard", _standard, min_opset=11, note="Gather bilinear sampling"),
-    specs.Lowering("custom", _custom, min_opset=9, note="opbridge::RoiAlignRotated"),
+    specs.Lowering("standard", specs.half_storage(_standard), min_opset=11, note="Gather bilinear sampling"),
+    specs.Lowering("custom", specs.half_storage(_custom), min_opset=9, note="opbridge::RoiAlignRotated"),
 ]
 
 
@@ -492,7 +492,7 @@ SPEC = specs.register(
                 ("spatial_scale", "float"),
             ),
         ),
-        dtypes=(torch.float32, torch.float64),
+        dtypes=(torch.float32, torch.float64, torch.float16),
         call_paths={"torch.ops": _Model},
         sample_inputs=_sample_inputs,
         operand_kinds=tuple(_KINDS),

@@ -181,8 +181,8 @@ def _standard(b, features, best_rboxes, spatial_scale, points=1):
 
 
 _LOWERINGS = [
-    specs.Lowering("standard", _standard, min_opset=11, note="Gather bilinear sampling"),
-    specs.Lowering("custom", _custom, min_opset=9, note="opbridge::RotatedFeatureAlign"),
+    specs.Lowering("standard", specs.half_storage(_standard), min_opset=11, note="Gather bilinear sampling"),
+    specs.Lowering("custom", specs.half_storage(_custom), min_opset=9, note="opbridge::RotatedFeatureAlign"),
 ]
 
 
@@ -256,7 +256,7 @@ SPEC = specs.register(
             "the attributes of mmcv's MMCVRotatedFeatureAlign.",
             attributes=(("points", "int"), ("spatial_scale", "float")),
         ),
-        dtypes=(torch.float32, torch.float64),
+        dtypes=(torch.float32, torch.float64, torch.float16),
         call_paths={"torch.ops": _Model},
         sample_inputs=_sample_inputs,
         operand_kinds=tuple(_KINDS),
