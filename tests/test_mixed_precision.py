@@ -351,3 +351,108 @@ def test_torch_compile_of_an_amp_training_step():
     for name, grad in compiled_grads.items():
         scale = float(eager_grads[name].abs().max()) or 1.0
         assert float((grad - eager_grads[name]).abs().max()) <= GRADIENT_TOLERANCE[torch.bfloat16] * scale, name
+
+
+# --- ONNX Runtime: the CPU library's float16 (and MyAdd's bfloat16) nodes, as other exporters write them -------------
+
+
+def _ort_cases():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from ort_cases import deform_conv2d, grid_sampler, multi_scale_deformable_attention, my_add
+
+    return deform_conv2d, grid_sampler, multi_scale_deformable_attention, my_add
+
+
+def _ort_run(model: bytes, feeds: dict):
+    import opbridge_ort
+
+    return opbridge_ort.InferenceSession(model).run(None, feeds)[0]
+
+
+def _f64(array) -> torch.Tensor:
+    return torch.from_numpy(array).double()
+
+
+@pytest.mark.parametrize(("op_type", "domain"), [("MultiScaleDeformableAttention", "opbridge"),
+                                                 ("MMCVMultiScaleDeformableAttention", "mmdeploy")])  # fmt: skip
+def test_ort_float16_msda_nodes_round_the_float64_value_once(op_type, domain):
+    import numpy as np
+
+    _, _, msda, _ = _ort_cases()
+    feeds = msda.msda_case(np.random.default_rng(0), np.float16)
+    out = _ort_run(msda.msda_model(np.float16, op_type, domain), feeds)
+    expected = msda_module.reference(*(_f64(feeds[n]) if feeds[n].dtype == np.float16 else torch.from_numpy(feeds[n])
+                                       for n in msda.NAMES))  # fmt: skip
+    assert_rounded_once(torch.from_numpy(out), expected, torch.float16)
+
+
+@pytest.mark.parametrize("node", ["DeformConv2d", "mmcv::MMCVModulatedDeformConv2d",
+                                  "mmdeploy::MMCVModulatedDeformConv2d", "mmcv::MMCVDeformConv2d"])  # fmt: skip
+def test_ort_float16_deform_conv_nodes_round_the_float64_value_once(node):
+    import numpy as np
+
+    dcn, _, _, _ = _ort_cases()
+    feeds, attributes = dcn.deform_case(np.random.default_rng(1), np.float16, stride=(1, 1), pads=(1, 1, 1, 1), k=(3, 3))
+    x, w, offset, b, mask = (feeds[n] for n in ("X", "W", "offset", "B", "mask"))
+    if node == "DeformConv2d":
+        model, inputs = dcn.deform_model(np.float16, **attributes), feeds
+    else:
+        domain, op_type = node.split("::")
+        common = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 2, "deform_groups": 2}
+        if op_type == "MMCVDeformConv2d":
+            model, inputs = dcn.dcn_v1_model(domain, np.float16, **common), {"input": x, "offset": offset, "weight": w}
+            b = mask = None
+        else:
+            model = dcn.mmcv_model(domain, np.float16, **common)
+            inputs = {"input": x, "offset": offset, "mask": mask, "weight": w, "bias": b}
+    out = _ort_run(model, inputs)
+    expected = dcn_module.reference(_f64(x), _f64(offset), _f64(w), None if b is None else _f64(b), padding=(1, 1),
+                                    mask=None if mask is None else _f64(mask))  # fmt: skip
+    assert_rounded_once(torch.from_numpy(out), expected, torch.float16)
+
+
+@pytest.mark.parametrize("domain", ["mmcv", "mmdeploy"])
+@pytest.mark.parametrize("interpolation", ["bilinear", "nearest", "bicubic"])
+def test_ort_float16_grid_sampler_rounds_the_float64_value_once(interpolation, domain):
+    import numpy as np
+
+    _, grid_sampler, _, _ = _ort_cases()
+    rng = np.random.default_rng(0)
+    x, grid = rng.standard_normal((2, 3, 6, 9)).astype(np.float16), rng.uniform(-1.3, 1.3, (2, 5, 7, 2)).astype(np.float16)
+    attributes = grid_sampler.as_symbolic(interpolation, "zeros", False)
+    out = _ort_run(grid_sampler.grid_model(np.float16, domain, **attributes), {"input": x, "grid": grid})
+    expected = torch.nn.functional.grid_sample(_f64(x), _f64(grid), interpolation, "zeros", False)
+    assert_rounded_once(torch.from_numpy(out), expected, torch.float16)
+
+
+def test_ort_bfloat16_my_add():
+    import numpy as np
+    import onnxruntime
+    import opbridge_ort
+    from onnx import TensorProto, helper
+
+    a = torch.randn(4, 37, dtype=torch.float64).to(torch.bfloat16)
+    b = torch.randn(37, dtype=torch.float64).to(torch.bfloat16)
+    node = helper.make_node("MyAdd", ["A", "B"], ["C"], domain="opbridge")
+    info = lambda name: helper.make_tensor_value_info(name, TensorProto.BFLOAT16, None)  # noqa: E731
+    graph = helper.make_graph([node], "g", [info("A"), info("B")], [info("C")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("opbridge", 1)])
+    model.ir_version = 8
+    session = opbridge_ort.InferenceSession(model.SerializeToString())
+    as_ort = lambda t: onnxruntime.OrtValue.ortvalue_from_numpy_with_onnx_type(  # noqa: E731
+        t.view(torch.int16).numpy().view(np.uint16), TensorProto.BFLOAT16
+    )
+    # numpy has no bfloat16: the output goes into a uint16 buffer bound as bfloat16 (ORT writes it in place).
+    result = np.zeros((4, 37), dtype=np.uint16)
+    binding = session.io_binding()
+    binding.bind_ortvalue_input("A", as_ort(a))
+    binding.bind_ortvalue_input("B", as_ort(b))
+    binding.bind_ortvalue_output("C", onnxruntime.OrtValue.ortvalue_from_numpy_with_onnx_type(result,
+                                                                                           TensorProto.BFLOAT16))
+    session.run_with_iobinding(binding)
+    bits = torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
+    assert torch.equal(bits, opbridge.my_add(a, b))  # both: float32 arithmetic, one rounding, the same bits
+    assert_rounded_once(bits, 2 * a.double() + b.double(), torch.bfloat16)
