@@ -155,7 +155,7 @@ CONTRACT_CASES = {
         (
             lambda: opbridge.box_iou_rotated(torch.ones(2, 5, dtype=torch.int64), torch.ones(2, 5, dtype=torch.int64)),
             RuntimeError,
-            ["float32 or float64", "torch.int64"],
+            ["float32, float64, float16 or bfloat16", "torch.int64"],
         ),
         (
             lambda: opbridge.box_iou_rotated(torch.ones(2, 5), torch.ones(2, 5, device="meta")),

@@ -104,7 +104,7 @@ def test_bad_inputs_raise_clear_errors():
         (lambda: call(x, offset, weight, bias[:2], padding=1), "bias must have 5 elements"),
         (lambda: call(x, offset, weight, None, 1, 1, 1, mask[:, :2]), "mask must have shape"),
         (lambda: call(x, offset, weight.double(), padding=1), "weight must have the dtype of input"),
-        (lambda: call(x.int(), offset, weight), "expected float32 or float64"),
+        (lambda: call(x.int(), offset, weight), "expected float32, float64, float16 or bfloat16"),
         (
             lambda: torch.ops.opbridge.deform_conv2d(x, offset, weight, None, [0, 0], [1, 1], [1, 1], None),
             "must be positive",
@@ -663,7 +663,7 @@ CONTRACT_CASES = {
             RuntimeError,
             ["in_channels / groups = 8", "4 channels of input"],
         ),
-        (lambda: opbridge.deform_conv2d(_X.int(), _OFFSET.int(), _W.int()), RuntimeError, ["float32 or float64"]),
+        (lambda: opbridge.deform_conv2d(_X.int(), _OFFSET.int(), _W.int()), RuntimeError, ["float32, float64, float16 or bfloat16"]),
         (
             lambda: opbridge.deform_conv2d(_X, _OFFSET.double(), _W),
             RuntimeError,

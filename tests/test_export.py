@@ -139,7 +139,7 @@ def test_bad_export_arguments():
 
 def test_integer_inputs_fail_export_with_the_ops_message():
     args = (torch.ones(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64))
-    with pytest.raises(Exception, match="expected float32, float64 or float16"):
+    with pytest.raises(Exception, match="expected float32, float64, float16 or bfloat16"):
         opbridge.onnx.export(opbridge.nn.MyAdd(), args, None, opset_version=17, dynamo=False)
 
 

@@ -152,7 +152,9 @@ def test_precise_inputs_in_another_half_type_are_refused(name):
     build, precise = CASES[name]
     op, inputs, _ = build(torch.float16, ())
     inputs[precise[0]] = inputs[precise[0]].to(torch.bfloat16)
-    with pytest.raises(RuntimeError, match=r"must have the dtype of .*\(torch.float16\) or float32, got torch.bfloat16"):
+    with pytest.raises(
+        RuntimeError, match=r"must have the dtype of .*\(torch.float16\) or float32, got torch.bfloat16"
+    ):
         op(*inputs)
 
 
@@ -166,8 +168,10 @@ def test_half_gradients_match_float64_autograd_of_the_reference(name, dtype):
     op, inputs, reference = build(dtype, precise)  # mixed: half storage, float32 precise inputs
     # Only the inputs the op differentiates (rois and boxes get no gradient; the level table is integers).
     differentiable = {"ms_deform_attn": (0, 3, 4), "deform_conv2d": (0, 1, 2, 3, 4)}.get(name, (0,))
-    leaves = [t.detach().requires_grad_(i in differentiable) if isinstance(t, torch.Tensor) and t.is_floating_point()
-              else t for i, t in enumerate(inputs)]  # fmt: skip
+    leaves = [
+        t.detach().requires_grad_(i in differentiable) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+        for i, t in enumerate(inputs)
+    ]
     generator = torch.Generator().manual_seed(11)
     out = op(*leaves)
     grad = torch.randn(out.shape, generator=generator, dtype=torch.float64).to(dtype)
@@ -199,7 +203,7 @@ def _float32_inputs(name):
 
 
 @pytest.mark.parametrize("dtype", AUTOCAST_DTYPES, ids=str)
-@pytest.mark.parametrize("name", list(CASES) + ["box_iou_rotated", "nms_rotated"])
+@pytest.mark.parametrize("name", [*CASES, "box_iou_rotated", "nms_rotated"])
 def test_no_op_fails_under_cpu_autocast_and_each_follows_its_rule(name, dtype):
     if name == "box_iou_rotated":
         op, inputs = opbridge.box_iou_rotated, list(box_iou_module._sample_inputs(torch.float32, "iou", 2))
@@ -395,7 +399,8 @@ def test_ort_float16_deform_conv_nodes_round_the_float64_value_once(node):
     import numpy as np
 
     dcn, _, _, _ = _ort_cases()
-    feeds, attributes = dcn.deform_case(np.random.default_rng(1), np.float16, stride=(1, 1), pads=(1, 1, 1, 1), k=(3, 3))
+    rng = np.random.default_rng(1)
+    feeds, attributes = dcn.deform_case(rng, np.float16, stride=(1, 1), pads=(1, 1, 1, 1), k=(3, 3))
     x, w, offset, b, mask = (feeds[n] for n in ("X", "W", "offset", "B", "mask"))
     if node == "DeformConv2d":
         model, inputs = dcn.deform_model(np.float16, **attributes), feeds
@@ -421,7 +426,8 @@ def test_ort_float16_grid_sampler_rounds_the_float64_value_once(interpolation, d
 
     _, grid_sampler, _, _ = _ort_cases()
     rng = np.random.default_rng(0)
-    x, grid = rng.standard_normal((2, 3, 6, 9)).astype(np.float16), rng.uniform(-1.3, 1.3, (2, 5, 7, 2)).astype(np.float16)
+    x = rng.standard_normal((2, 3, 6, 9)).astype(np.float16)
+    grid = rng.uniform(-1.3, 1.3, (2, 5, 7, 2)).astype(np.float16)
     attributes = grid_sampler.as_symbolic(interpolation, "zeros", False)
     out = _ort_run(grid_sampler.grid_model(np.float16, domain, **attributes), {"input": x, "grid": grid})
     expected = torch.nn.functional.grid_sample(_f64(x), _f64(grid), interpolation, "zeros", False)
@@ -431,8 +437,9 @@ def test_ort_float16_grid_sampler_rounds_the_float64_value_once(interpolation, d
 def test_ort_bfloat16_my_add():
     import numpy as np
     import onnxruntime
-    import opbridge_ort
     from onnx import TensorProto, helper
+
+    import opbridge_ort
 
     a = torch.randn(4, 37, dtype=torch.float64).to(torch.bfloat16)
     b = torch.randn(37, dtype=torch.float64).to(torch.bfloat16)
@@ -450,8 +457,9 @@ def test_ort_bfloat16_my_add():
     binding = session.io_binding()
     binding.bind_ortvalue_input("A", as_ort(a))
     binding.bind_ortvalue_input("B", as_ort(b))
-    binding.bind_ortvalue_output("C", onnxruntime.OrtValue.ortvalue_from_numpy_with_onnx_type(result,
-                                                                                           TensorProto.BFLOAT16))
+    binding.bind_ortvalue_output(
+        "C", onnxruntime.OrtValue.ortvalue_from_numpy_with_onnx_type(result, TensorProto.BFLOAT16)
+    )
     session.run_with_iobinding(binding)
     bits = torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
     assert torch.equal(bits, opbridge.my_add(a, b))  # both: float32 arithmetic, one rounding, the same bits

@@ -76,7 +76,7 @@ def test_bad_inputs_raise_clear_errors(path):
     ):
         call(torch.ones(2), torch.ones(2, dtype=torch.float64))
     with pytest.raises(
-        RuntimeError, match=r"opbridge::my_add: expected float32, float64 or float16 tensors, got torch\.int32"
+        RuntimeError, match=r"opbridge::my_add: expected float32, float64, float16 or bfloat16 tensors, got torch\.int32"
     ):
         call(torch.ones(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32))
 
@@ -217,7 +217,7 @@ CONTRACT_CASES = {
         (
             lambda: opbridge.my_add(torch.ones(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32)),
             RuntimeError,
-            ["float32, float64 or float16", "torch.int32"],
+            ["float32, float64, float16 or bfloat16", "torch.int32"],
         ),
         (lambda: opbridge.my_add(torch.ones(2), torch.ones(2, dtype=torch.float64)), RuntimeError, ["same dtype"]),
         (lambda: opbridge.my_add(torch.ones(2, 3), torch.ones(4)), RuntimeError, ["[2, 3]", "[4]", "broadcast"]),

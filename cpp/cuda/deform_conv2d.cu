@@ -276,7 +276,7 @@ Tensor deform_conv2d_cuda(const Tensor& input, const Tensor& offset, const Tenso
   const auto s = deform_conv2d_op::checked_shape(input, offset, weight, bias, stride, padding, dilation, mask);
   if (api::is_half(input.scalar_type())) {  // half storage: float32 arithmetic, one rounding at the end
     return api::to(deform_conv2d_cuda(api::widened(input), api::widened(offset), api::widened(weight),
-                                       api::widened(bias), stride, padding, dilation, api::widened(mask)),
+                                      api::widened(bias), stride, padding, dilation, api::widened(mask)),
                    input.scalar_type());
   }
   const auto dtype = input.scalar_type();

@@ -142,7 +142,7 @@ Tensor ms_deform_attn_cuda(const Tensor& value, const Tensor& spatial_shapes, co
       ms_deform_attn_op::checked(value, spatial_shapes, level_start_index, sampling_locations, attention_weights);
   if (api::is_half(value.scalar_type())) {  // half storage: float32 arithmetic, one rounding at the end
     return api::to(ms_deform_attn_cuda(api::widened(value), spatial_shapes, level_start_index,
-                                        api::widened(sampling_locations), api::widened(attention_weights)),
+                                       api::widened(sampling_locations), api::widened(attention_weights)),
                    value.scalar_type());
   }
   const auto& s = in.shape;
@@ -174,9 +174,9 @@ std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cuda(const Tensor& gr
     OPBRIDGE_CHECK(grad_output.scalar_type() == value.scalar_type(),
                    "opbridge::ms_deform_attn_backward: grad_output must have value's dtype (",
                    api::dtype_name(value.scalar_type()), "), got ", api::dtype_name(grad_output.scalar_type()));
-    const auto [grad_value, grad_locations, grad_weights] = ms_deform_attn_backward_cuda(
-        api::widened(grad_output), api::widened(value), spatial_shapes, level_start_index,
-        api::widened(sampling_locations), api::widened(attention_weights));
+    const auto [grad_value, grad_locations, grad_weights] =
+        ms_deform_attn_backward_cuda(api::widened(grad_output), api::widened(value), spatial_shapes, level_start_index,
+                                     api::widened(sampling_locations), api::widened(attention_weights));
     return {api::to(grad_value, value.scalar_type()), api::to(grad_locations, sampling_locations.scalar_type()),
             api::to(grad_weights, attention_weights.scalar_type())};
   }

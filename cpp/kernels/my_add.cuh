@@ -1,6 +1,7 @@
 // my_add on CUDA, shared by the torch CUDA op (cpp/cuda/my_add.cu) and the ORT CUDA library (cpp/ort/cuda):
 // kernels/my_add.h's my_add_one per element, inputs addressed through their own (broadcast) strides as on the CPU
-// (kernels/broadcast.h's BinaryLoop); float32, float64, float16 and bfloat16 (__half, __nv_bfloat16: computed in float, rounded once).
+// (kernels/broadcast.h's BinaryLoop); float32, float64, float16 and bfloat16 (__half, __nv_bfloat16: computed in float,
+// rounded once).
 #pragma once
 
 #include <cuda_bf16.h>

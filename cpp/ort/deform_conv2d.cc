@@ -60,8 +60,9 @@ void append_mmcv_modulated_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomO
 }
 void append_mmcv_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   deform_conv2d_adapter::append_mmcv_v1<Cpu>(ops);
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<deform_conv2d_adapter::MmcvDeformConv2d<Cpu, Ort::Float16_t>>(
-      deform_conv2d_adapter::kDcnV1Op, Cpu::kProvider)));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<deform_conv2d_adapter::MmcvDeformConv2d<Cpu, Ort::Float16_t>>(
+          deform_conv2d_adapter::kDcnV1Op, Cpu::kProvider)));
 }
 
 }  // namespace

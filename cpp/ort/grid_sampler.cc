@@ -34,7 +34,8 @@ struct GridSampler {
       if constexpr (std::is_same_v<T, Ort::Float16_t>) {  // float32 arithmetic, one rounding (ort/api.h)
         const auto x = widened(input.Data(), shape.batch * shape.channels * shape.height * shape.width);
         const auto g = widened(grid.Data(), shape.batch * shape.out_height * shape.out_width * 2);
-        std::vector<float> result(static_cast<size_t>(shape.batch * shape.channels * shape.out_height * shape.out_width));
+        std::vector<float> result(
+            static_cast<size_t>(shape.batch * shape.channels * shape.out_height * shape.out_width));
         kernels::grid_sample(x.data(), g.data(), result.data(), shape, attributes, SessionThreads(context));
         narrow(result, y);
       } else {

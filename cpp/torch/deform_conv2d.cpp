@@ -38,7 +38,7 @@ Tensor deform_conv2d_cpu(const Tensor& input, const Tensor& offset, const Tensor
   const auto shape = checked_shape(input, offset, weight, bias, stride, padding, dilation, mask);
   if (api::is_half(input.scalar_type())) {  // half storage: float32 arithmetic, one rounding at the end
     return api::to(deform_conv2d_cpu(api::widened(input), api::widened(offset), api::widened(weight),
-                                       api::widened(bias), stride, padding, dilation, api::widened(mask)),
+                                     api::widened(bias), stride, padding, dilation, api::widened(mask)),
                    input.scalar_type());
   }
   const auto dtype = input.scalar_type();

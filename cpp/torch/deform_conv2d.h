@@ -29,7 +29,8 @@ inline kernels::DeformConv2dShape checked_shape(const Tensor& input, const Tenso
   OPBRIDGE_CHECK(api::is_float_storage(dtype), "opbridge::deform_conv2d: expected ", api::kFloatStorageNames,
                  " tensors, got input of dtype ", api::dtype_name(dtype));
   // weight and bias in input's dtype; offset and mask also float32 beside half storage (api::pairs_with).
-  std::vector<std::tuple<const char*, const Tensor*, bool>> tensors{{"offset", &offset, true}, {"weight", &weight, false}};
+  std::vector<std::tuple<const char*, const Tensor*, bool>> tensors{{"offset", &offset, true},
+                                                                    {"weight", &weight, false}};
   if (bias) tensors.emplace_back("bias", &*bias, false);
   if (mask) tensors.emplace_back("mask", &*mask, true);
   for (const auto& [name, tensor, precise] : tensors) {

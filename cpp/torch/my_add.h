@@ -22,8 +22,8 @@ inline Plan checked_plan(const api::Tensor& a, const api::Tensor& b) {
   OPBRIDGE_CHECK(dtype == b.scalar_type(),
                  "opbridge::my_add: a and b must have the same dtype, got a: ", api::dtype_name(dtype),
                  " and b: ", api::dtype_name(b.scalar_type()), " (cast one of them first)");
-  OPBRIDGE_CHECK(api::is_float_storage(dtype), "opbridge::my_add: expected ", api::kFloatStorageNames,
-                 " tensors, got ", api::dtype_name(dtype));
+  OPBRIDGE_CHECK(api::is_float_storage(dtype), "opbridge::my_add: expected ", api::kFloatStorageNames, " tensors, got ",
+                 api::dtype_name(dtype));
   OPBRIDGE_CHECK(api::is_strided(a) && api::is_strided(b), "opbridge::my_add: expected dense (strided) tensors");
   Plan plan{dtype, {}, {}};
   const auto a_shape = api::sizes(a), b_shape = api::sizes(b);

@@ -30,8 +30,8 @@ Tensor nms_rotated_cpu(const Tensor& boxes, const Tensor& scores, double iou_thr
                  api::dtype_name(dtype), " and ", api::dtype_name(scores.scalar_type()));
   OPBRIDGE_CHECK(!labels || api::is_integral(labels->scalar_type()), kOp, ": labels must be an integer tensor, got ",
                  api::dtype_name(labels ? labels->scalar_type() : dtype));
-  OPBRIDGE_CHECK(api::is_float_storage(dtype), kOp, ": expected ", api::kFloatStorageNames,
-                 " boxes and scores, got ", api::dtype_name(dtype));
+  OPBRIDGE_CHECK(api::is_float_storage(dtype), kOp, ": expected ", api::kFloatStorageNames, " boxes and scores, got ",
+                 api::dtype_name(dtype));
   if (api::is_half(dtype)) {  // half storage: the overlaps computed in float32
     return nms_rotated_cpu(api::widened(boxes), api::widened(scores), iou_threshold, labels, clockwise);
   }

@@ -84,13 +84,12 @@ Tensor roi_align_rotated_backward_cpu(const Tensor& grad_output, const Tensor& i
   const auto a = attributes(pooled_height, pooled_width, spatial_scale, sampling_ratio, aligned, clockwise);
   const auto c = checked(kOp, input, rois, a);
   if (api::is_half(input.scalar_type())) {  // a float32 gradient buffer (a sum over rois), rounded once
-    OPBRIDGE_CHECK(grad_output.scalar_type() == input.scalar_type(), kOp,
-                   ": grad_output must have input's dtype (", api::dtype_name(input.scalar_type()), "), got ",
-                   api::dtype_name(grad_output.scalar_type()));
-    return api::to(roi_align_rotated_backward_cpu(api::widened(grad_output), api::widened(input),
-                                                  api::widened(rois), pooled_height, pooled_width, spatial_scale,
-                                                  sampling_ratio, aligned, clockwise),
-                   input.scalar_type());
+    OPBRIDGE_CHECK(grad_output.scalar_type() == input.scalar_type(), kOp, ": grad_output must have input's dtype (",
+                   api::dtype_name(input.scalar_type()), "), got ", api::dtype_name(grad_output.scalar_type()));
+    return api::to(
+        roi_align_rotated_backward_cpu(api::widened(grad_output), api::widened(input), api::widened(rois),
+                                       pooled_height, pooled_width, spatial_scale, sampling_ratio, aligned, clockwise),
+        input.scalar_type());
   }
   const auto& s = c.shape;
   const std::vector<int64_t> out_shape{s.rois, s.channels, s.pooled_height, s.pooled_width};

@@ -22,8 +22,8 @@ k::RotatedFeatureAlignShape checked(const char* op, const char* features_name, c
   OPBRIDGE_CHECK(api::is_cpu(features) && api::is_cpu(boxes), op, ": expected CPU tensors, got ", features_name, " on ",
                  api::device_name(features), " and best_rboxes on ", api::device_name(boxes));
   const auto dtype = features.scalar_type();
-  OPBRIDGE_CHECK(api::is_float_storage(dtype), op, ": expected ", api::kFloatStorageNames, " ", features_name,
-                 ", got ", api::dtype_name(dtype));
+  OPBRIDGE_CHECK(api::is_float_storage(dtype), op, ": expected ", api::kFloatStorageNames, " ", features_name, ", got ",
+                 api::dtype_name(dtype));
   OPBRIDGE_CHECK(api::pairs_with(dtype, boxes.scalar_type()), op, ": best_rboxes must have the dtype of ",
                  features_name, " (", api::dtype_name(dtype), ")", api::is_half(dtype) ? " or float32" : "", ", got ",
                  api::dtype_name(boxes.scalar_type()));
@@ -59,9 +59,9 @@ Tensor rotated_feature_align_backward_cpu(const Tensor& grad_output, const Tenso
   constexpr const char* kOp = "opbridge::rotated_feature_align_backward";
   const auto shape = checked(kOp, "grad_output", grad_output, best_rboxes, spatial_scale, points);
   if (api::is_half(grad_output.scalar_type())) {  // a float32 gradient buffer, rounded once
-    return api::to(rotated_feature_align_backward_cpu(api::widened(grad_output), api::widened(best_rboxes),
-                                                      spatial_scale, points),
-                   grad_output.scalar_type());
+    return api::to(
+        rotated_feature_align_backward_cpu(api::widened(grad_output), api::widened(best_rboxes), spatial_scale, points),
+        grad_output.scalar_type());
   }
   auto grad = api::empty(api::sizes(grad_output), grad_output.scalar_type());
   if (grad.numel() == 0) return grad;

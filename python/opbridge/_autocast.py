@@ -94,9 +94,7 @@ def _positional(op, args: tuple, kwargs: dict) -> tuple:
     for index in range(len(args), len(schema)):
         argument = schema[index]
         if argument.name in kwargs:
-            values.extend(
-                a.default_value if a.has_default_value() else None for a in schema[len(values) : index]
-            )
+            values.extend(a.default_value if a.has_default_value() else None for a in schema[len(values) : index])
             values.append(kwargs[argument.name])
     return tuple(values)
 

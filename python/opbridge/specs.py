@@ -194,7 +194,7 @@ def half_storage(build: Callable[..., Any], *, native: Sequence[torch.dtype] = (
         floating = [d for d in (*dtypes, *keyword_dtypes.values()) if d is not None and d.is_floating_point]
         if main in native and all(d == main for d in floating):
             return build(b, *args, **kwargs)
-        args = [b.cast(a, torch.float32) if d in _HALF else a for a, d in zip(args, dtypes)]
+        args = [b.cast(a, torch.float32) if d in _HALF else a for a, d in zip(args, dtypes, strict=True)]
         kwargs = {k: b.cast(v, torch.float32) if keyword_dtypes[k] in _HALF else v for k, v in kwargs.items()}
         out = build(b, *args, **kwargs)
         if not floating_output:

@@ -178,11 +178,15 @@ SPEC = specs.register(
             # Constant, Mul and Add exist in every opset the exporters produce.
             # float16 as it is (ORT's Mul and Add take it); bfloat16 in float32 (they do not on the CPU).
             specs.Lowering(
-                "standard", specs.half_storage(_standard, native=(torch.float16,)), min_opset=7,
+                "standard",
+                specs.half_storage(_standard, native=(torch.float16,)),
+                min_opset=7,
                 note="Constant, Mul, Add",
             ),
             specs.Lowering(
-                "custom", specs.half_storage(_custom, native=(torch.float16, torch.bfloat16)), min_opset=7,
+                "custom",
+                specs.half_storage(_custom, native=(torch.float16, torch.bfloat16)),
+                min_opset=7,
                 note="opbridge::MyAdd",
             ),
             # The function body uses CastLike (opset 15) to match the input's dtype.

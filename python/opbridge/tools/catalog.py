@@ -9,7 +9,12 @@ from collections.abc import Sequence
 
 from .. import _slices, specs
 
-_TYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16"}
+_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(double)": "float64",
+    "tensor(float16)": "float16",
+    "tensor(bfloat16)": "bfloat16",
+}
 
 
 def _opsets(lowering: specs.Lowering) -> str:
