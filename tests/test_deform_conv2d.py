@@ -663,7 +663,11 @@ CONTRACT_CASES = {
             RuntimeError,
             ["in_channels / groups = 8", "4 channels of input"],
         ),
-        (lambda: opbridge.deform_conv2d(_X.int(), _OFFSET.int(), _W.int()), RuntimeError, ["float32, float64, float16 or bfloat16"]),
+        (
+            lambda: opbridge.deform_conv2d(_X.int(), _OFFSET.int(), _W.int()),
+            RuntimeError,
+            ["float32, float64, float16 or bfloat16"],
+        ),
         (
             lambda: opbridge.deform_conv2d(_X, _OFFSET.double(), _W),
             RuntimeError,

@@ -442,7 +442,11 @@ CONTRACT_CASES = {
     "opbridge.ms_deform_attn": [
         (lambda: opbridge.ms_deform_attn(None, *_ARGS[1:]), TypeError, ["value must be a tensor", "NoneType"]),
         (lambda: opbridge.ms_deform_attn(*_ARGS[:3], [0.5], _ARGS[4]), TypeError, ["sampling_locations"]),
-        (lambda: opbridge.ms_deform_attn(_ARGS[0].int(), *_ARGS[1:]), RuntimeError, ["float32, float64, float16 or bfloat16"]),
+        (
+            lambda: opbridge.ms_deform_attn(_ARGS[0].int(), *_ARGS[1:]),
+            RuntimeError,
+            ["float32, float64, float16 or bfloat16"],
+        ),
         (
             lambda: opbridge.ms_deform_attn(*_ARGS[:3], _ARGS[3].double(), _ARGS[4]),
             RuntimeError,

@@ -76,7 +76,8 @@ def test_bad_inputs_raise_clear_errors(path):
     ):
         call(torch.ones(2), torch.ones(2, dtype=torch.float64))
     with pytest.raises(
-        RuntimeError, match=r"opbridge::my_add: expected float32, float64, float16 or bfloat16 tensors, got torch\.int32"
+        RuntimeError,
+        match=r"opbridge::my_add: expected float32, float64, float16 or bfloat16 tensors, got torch\.int32",
     ):
         call(torch.ones(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32))
 
