@@ -464,3 +464,147 @@ def test_ort_bfloat16_my_add():
     bits = torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
     assert torch.equal(bits, opbridge.my_add(a, b))  # both: float32 arithmetic, one rounding, the same bits
     assert_rounded_once(bits, 2 * a.double() + b.double(), torch.bfloat16)
+
+
+def _float16_node_cases():
+    """(name, model builder taking a dtype, feeds of float16-representable values) for every other node of the CPU
+    library that other exporters write (mmcv, mmdeploy) and opbridge's rotated nodes."""
+    import numpy as np
+
+    from ort_cases import (
+        box_iou_rotated,
+        carafe,
+        cummax,
+        masked_conv2d,
+        nms,
+        nms_match,
+        nms_rotated,
+        psa_mask,
+        roi_align,
+        roi_align_rotated,
+        rotated_feature_align,
+    )
+
+    rng = np.random.default_rng(7)
+    half = lambda a: np.asarray(a).astype(np.float16).astype(np.float64)  # noqa: E731
+    x = half(rng.standard_normal((2, 3, 9, 11)))
+    boxes, scores = nms.random_clusters(rng, 30)
+    rois = np.concatenate([rng.integers(0, 2, (6, 1)), rng.uniform(-4, 10, (6, 2)), np.zeros((6, 2))], axis=1)
+    rois[:, 3:5] = rois[:, 1:3] + rng.uniform(0, 14, (6, 2))
+    rotated = np.concatenate([rng.integers(0, 2, (5, 1)), rng.uniform(0, 10, (5, 2)), rng.uniform(1, 6, (5, 2)),
+                              rng.uniform(-3, 3, (5, 1))], axis=1)  # fmt: skip
+    rboxes = np.concatenate([rng.uniform(0, 9, (5, 2)), rng.uniform(1, 5, (5, 2)), rng.uniform(-3, 3, (5, 1))], 1)
+    align_boxes = np.concatenate([rng.uniform(-2, 30, (2, 5, 6, 2)), rng.uniform(0, 16, (2, 5, 6, 2)),
+                                  rng.uniform(-2, 2, (2, 5, 6, 1))], axis=3)  # fmt: skip
+    weight, bias = rng.standard_normal((6, 3, 3, 3)), rng.standard_normal(6)
+    score = rng.random((1, 9, 11)) - 0.4
+    batched_boxes = np.concatenate([rboxes[None], rboxes[None] + 0.5], 1)
+    return [
+        ("mmcv::MMCVRoiAlign",
+         lambda d: roi_align.roi_align_model(d, **roi_align.as_symbolic((3, 2), 0.5, 2, "avg", 1)),
+         {"input": x, "rois": half(rois)}),
+        ("mmcv::NonMaxSuppression", lambda d: nms.nms_model(d, iou_threshold=0.45, offset=0),
+         {"boxes": half(boxes), "scores": half(scores)}),
+        ("mmcv::SoftNonMaxSuppression", lambda d: nms.soft_nms_model(d, **nms.soft_symbolic(0.3, 0.5, 0.05, 2, 0)),
+         {"boxes": half(boxes), "scores": half(scores)}),
+        ("mmdeploy::NMSMatch", lambda d: nms_match.nms_match_model(d),
+         {"boxes": half(boxes)[None], "scores": half(scores)[None, None], "iou_threshold": np.array([0.5]),
+          "score_threshold": np.array([0.25])}),
+        ("mmcv::cummax", lambda d: cummax.cumulative_model("cummax", d, dim=2), {"input": x}),
+        ("mmcv::cummin", lambda d: cummax.cumulative_model("cummin", d, dim=-1), {"input": x}),
+        ("mmcv::MMCVCornerPool", lambda d: cummax.cumulative_model("MMCVCornerPool", d, mode=2), {"input": x}),
+        ("mmcv::MMCVPSAMask", lambda d: psa_mask.psa_mask_model(d, psa_type=1, mask_size=[3, 3]),
+         {"input": half(rng.standard_normal((2, 9, 5, 7)))}),
+        ("mmcv::MMCVCARAFE", lambda d: carafe.carafe_model("MMCVCARAFE", d, **carafe.as_symbolic(3, 1, 2)),
+         {"features": half(rng.standard_normal((2, 4, 5, 6))), "masks": half(rng.random((2, 9, 10, 12)))}),
+        ("mmcv::MMCVMaskedConv2d", lambda d: masked_conv2d.masked_conv_model(d, d, True, padding=[1, 1], stride=[1, 1]),
+         {"features": x[:1], "mask": half(score), "weight": half(weight), "bias": half(bias)}),
+        ("mmcv::MMCVMaskedConv2d (bool mask)",
+         lambda d: masked_conv2d.masked_conv_model(d, bool, True, padding=[1, 1], stride=[1, 1]),
+         {"features": x[:1], "mask": score > 0, "weight": half(weight), "bias": half(bias)}),
+        *[(f"{domain}::{op}", lambda d, op=op, domain=domain: roi_align_rotated.roi_model(
+            d, op, domain, **roi_align_rotated.as_symbolic(2, 3, 0.5, 0, True, False)),
+           {"input": x, "rois": half(rotated)})
+          for op, domain in (("RoiAlignRotated", "opbridge"), ("MMCVRoIAlignRotated", "mmcv"),
+                             ("MMCVRoIAlignRotated", "mmdeploy"))],
+        *[(f"{domain}::{op}", lambda d, op=op, domain=domain: rotated_feature_align.align_model(
+            d, op, domain, spatial_scale=0.125, points=5),
+           {"features": half(rng.standard_normal((2, 3, 5, 6))), "best_rboxes": half(align_boxes)})
+          for op, domain in (("RotatedFeatureAlign", "opbridge"), ("MMCVRotatedFeatureAlign", "mmcv"))],
+        ("opbridge::BoxIouRotated", lambda d: box_iou_rotated.iou_model(d, mode=0, aligned=0, clockwise=1),
+         {"boxes1": half(rboxes), "boxes2": half(rboxes[::-1] + 0.3)}),
+        ("opbridge::NmsRotated", lambda d: nms_rotated.nms_model(d, iou_threshold=0.2),
+         {"boxes": half(np.concatenate([rboxes, rboxes + 0.4])), "scores": half(rng.random(10))}),
+        ("mmdeploy::NMSRotated", lambda d: nms_rotated.mmdeploy_model(d, iou_threshold=0.2, score_threshold=0.1),
+         {"boxes": half(batched_boxes), "scores": half(rng.random((1, 2, 10)))}),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("index", range(19))
+def test_ort_float16_node_is_its_float32_node_rounded_once(index):
+    """A float16 node computes what its float32 node computes on the same values, rounded once (bit for bit: the
+    same float32 kernel); integer outputs (indices) are equal."""
+    import numpy as np
+
+    _ort_cases()  # puts tests/ on the path
+    cases = _float16_node_cases()
+    assert len(cases) == 19, "update the parametrization's range to the number of cases"
+    name, build, feeds = cases[index]
+
+    def typed(dtype):
+        return {k: v.astype(dtype) if v.dtype.kind == "f" else v for k, v in feeds.items()}
+
+    wide = _ort_run_all(build(np.float32), typed(np.float32))
+    half = _ort_run_all(build(np.float16), typed(np.float16))
+    for got, want in zip(half, wide, strict=True):
+        if want.dtype == np.float32:
+            assert got.dtype == np.float16, name
+            np.testing.assert_array_equal(got, want.astype(np.float16), err_msg=name)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=name)
+        assert want.size > 0 or name.endswith("NMSMatch"), f"{name}: an empty output checks nothing"
+
+
+def _ort_run_all(model: bytes, feeds: dict):
+    import opbridge_ort
+
+    options = opbridge_ort.session_options()
+    options.intra_op_num_threads = 1
+    return opbridge_ort.InferenceSession(model, options).run(None, feeds)
+
+
+@pytest.mark.parametrize("mode", ["model.bfloat16()", "autocast"])
+def test_patch_model_serves_half_precision_layers_at_the_librarys_accuracy_or_better(mode, monkeypatch):
+    """A transformers Deformable DETR in bfloat16 (or under CPU autocast): patch_model runs its attention on
+    opbridge's op instead of handing it back, and the output is as close to the float32 model's as the library's
+    own bfloat16 path is, or closer."""
+    import contextlib
+
+    pytest.importorskip("transformers", reason="transformers is not installed (the test extra has it)")
+    from opbridge.tools import models
+
+    calls = []
+    original = msda_module.ms_deform_attn
+    monkeypatch.setattr(msda_module, "ms_deform_attn", lambda *a: calls.append(a[0].dtype) or original(*a))
+    config, extra = models.TRANSFORMERS_MSDA["DeformableDetrModel"]
+    torch.manual_seed(0)
+    import transformers
+
+    model = models._HuggingFaceWrapper(transformers.DeformableDetrModel(config()).eval(), extra)
+    pixels = torch.rand(1, 3, 128, 128, generator=torch.Generator().manual_seed(3))
+    models._unit_scale_convolutions(model, (pixels,))
+    with torch.no_grad():
+        reference = model(pixels).double()
+        if mode == "autocast":
+            context, inputs = torch.autocast("cpu", dtype=torch.bfloat16), pixels
+        else:
+            context, inputs = contextlib.nullcontext(), pixels.bfloat16()
+            model = model.bfloat16()
+        with context:
+            library = model(inputs).double()
+            with opbridge.patch_model(model):
+                ours = model(inputs).double()
+    assert calls and all(dtype == torch.bfloat16 for dtype in calls), calls
+    library_error = float((library - reference).abs().max())
+    our_error = float((ours - reference).abs().max())
+    assert our_error <= 1.5 * library_error + 1e-3, (our_error, library_error)

@@ -13,6 +13,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -44,6 +45,74 @@ inline void narrow(const std::vector<float>& data, Ort::Float16_t* out) {
   auto* half = reinterpret_cast<kernels::float16*>(out);
   for (size_t i = 0; i < data.size(); ++i) half[i] = kernels::float16(data[i]);
 }
+
+// The kernels' element type for a node's element type: float16 is computed in float32.
+template <class T>
+struct KernelTypeOf {
+  using type = T;
+};
+template <>
+struct KernelTypeOf<Ort::Float16_t> {
+  using type = float;
+};
+template <class T>
+using kernel_type = typename KernelTypeOf<T>::type;
+
+inline int64_t element_count(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (const int64_t size : shape) count *= size;
+  return count;
+}
+
+// An input's data as a kernel reads it: the tensor's own, or a float32 copy of a float16 tensor.
+template <class T>
+class KernelInput {
+ public:
+  explicit KernelInput(const Ort::Custom::Tensor<T>& tensor)
+      : KernelInput(tensor.Data(), element_count(tensor.Shape())) {}
+  KernelInput(const T* data, int64_t count) {
+    if constexpr (std::is_same_v<T, Ort::Float16_t>) {
+      copy_ = widened(data, count);
+      data_ = copy_.data();
+    } else {
+      data_ = data;
+      (void)count;
+    }
+  }
+  KernelInput(const KernelInput&) = delete;  // data_ may point into copy_
+  KernelInput& operator=(const KernelInput&) = delete;
+  const kernel_type<T>* get() const { return data_; }
+
+ private:
+  const kernel_type<T>* data_ = nullptr;
+  std::vector<float> copy_;
+};
+
+// An output as a kernel writes it: the tensor's own memory, or a float32 buffer that finish() rounds into the
+// float16 tensor.
+template <class T>
+class KernelOutput {
+ public:
+  KernelOutput(T* out, int64_t count) : out_(out) {
+    if constexpr (std::is_same_v<T, Ort::Float16_t>) {
+      copy_.resize(count > 0 ? static_cast<size_t>(count) : 0);
+      data_ = copy_.data();
+    } else {
+      data_ = out;
+    }
+  }
+  KernelOutput(const KernelOutput&) = delete;  // data_ may point into copy_
+  KernelOutput& operator=(const KernelOutput&) = delete;
+  kernel_type<T>* get() { return data_; }
+  void finish() {
+    if constexpr (std::is_same_v<T, Ort::Float16_t>) narrow(copy_, out_);
+  }
+
+ private:
+  T* out_;
+  kernel_type<T>* data_ = nullptr;
+  std::vector<float> copy_;
+};
 
 // Runs an op body, turning exceptions into an error status: nothing may unwind
 // through ONNX Runtime's C interface.

@@ -1,5 +1,6 @@
 // ORT adapter of kernels/box_iou_rotated.h: opbridge::BoxIouRotated(boxes1 [N, 5], boxes2 [M, 5]) -> [N, M] (or
-// [N] with aligned=1), attributes mode (0: iou, 1: iof), aligned and clockwise (0 or 1), float and double.
+// [N] with aligned=1), attributes mode (0: iou, 1: iof), aligned and clockwise (0 or 1), float, double and float16
+// (computed in float32).
 #include <string>
 #include <vector>
 
@@ -26,9 +27,13 @@ struct BoxIouRotated {
           kernels::check_box_iou_rotated(kOp, "input boxes1 (index 0)", boxes1.Shape(), "input boxes2 (index 1)",
                                          boxes2.Shape(), mode, aligned, shape);
       if (!status.ok()) return from_kernel(status);
-      T* y = aligned ? out.Allocate({shape.rows}) : out.Allocate({shape.rows, shape.cols});
+      const std::vector<int64_t> out_shape =
+          aligned ? std::vector<int64_t>{shape.rows} : std::vector<int64_t>{shape.rows, shape.cols};
+      KernelOutput<T> y(out.Allocate(out_shape), element_count(out_shape));
       if (shape.rows == 0 || shape.cols == 0) return Ort::Status(nullptr);
-      kernels::box_iou_rotated(boxes1.Data(), boxes2.Data(), y, shape, mode, clockwise, SessionThreads(context));
+      kernels::box_iou_rotated(KernelInput<T>(boxes1).get(), KernelInput<T>(boxes2).get(), y.get(), shape, mode,
+                               clockwise, SessionThreads(context));
+      y.finish();
       return Ort::Status(nullptr);
     });
   }
@@ -42,6 +47,8 @@ void append_box_iou_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
       complete_op(Ort::Custom::CreateLiteCustomOp<BoxIouRotated<float>>("BoxIouRotated", "CPUExecutionProvider")));
   ops.push_back(
       complete_op(Ort::Custom::CreateLiteCustomOp<BoxIouRotated<double>>("BoxIouRotated", "CPUExecutionProvider")));
+  ops.push_back(complete_op(
+      Ort::Custom::CreateLiteCustomOp<BoxIouRotated<Ort::Float16_t>>("BoxIouRotated", "CPUExecutionProvider")));
 }
 
 }  // namespace

@@ -28,8 +28,12 @@ struct Carafe {
       kernels::CarafeShape shape;
       const auto status = kernels::check_carafe(Op, features.Shape(), masks.Shape(), kernel, group, scale, shape);
       if (!status.ok()) return from_kernel(status);
-      T* y = out.Allocate({shape.batch, shape.channels, shape.height * shape.scale, shape.width * shape.scale});
-      kernels::carafe(features.Data(), masks.Data(), y, shape, SessionThreads(context));
+      const std::vector<int64_t> out_shape{shape.batch, shape.channels, shape.height * shape.scale,
+                                           shape.width * shape.scale};
+      KernelOutput<T> y(out.Allocate(out_shape), element_count(out_shape));
+      kernels::carafe(KernelInput<T>(features).get(), KernelInput<T>(masks).get(), y.get(), shape,
+                      SessionThreads(context));
+      y.finish();
       return Ort::Status(nullptr);
     });
   }
@@ -42,6 +46,8 @@ template <const char* Op>
 void append_carafe(const char* op_type, std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<Carafe<float, Op>>(op_type, "CPUExecutionProvider")));
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<Carafe<double, Op>>(op_type, "CPUExecutionProvider")));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<Carafe<Ort::Float16_t, Op>>(op_type, "CPUExecutionProvider")));
 }
 
 void append_mmcv_carafe(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) { append_carafe<kOp>("MMCVCARAFE", ops); }

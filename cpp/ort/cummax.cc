@@ -32,9 +32,10 @@ struct Cumulative {
       kernels::CumulativeShape shape;
       const auto status = kernels::check_cumulative(Op, "input input (index 0)", input.Shape(), dim, "dim", shape);
       if (!status.ok()) return from_kernel(status);
-      T* v = values.Allocate(input.Shape());
+      KernelOutput<T> v(values.Allocate(input.Shape()), element_count(input.Shape()));
       int64_t* i = indices.Allocate(input.Shape());
-      kernels::cumulative_extreme<Max>(input.Data(), v, i, shape, false, SessionThreads(context));
+      kernels::cumulative_extreme<Max>(KernelInput<T>(input).get(), v.get(), i, shape, false, SessionThreads(context));
+      v.finish();
       return Ort::Status(nullptr);
     });
   }
@@ -66,9 +67,10 @@ struct CornerPool {
       const auto status =
           kernels::check_cumulative(kCornerPool, "input input (index 0)", shape, mode < 2 ? 2 : 3, "mode", cumulative);
       if (!status.ok()) return from_kernel(status);
-      T* y = out.Allocate(shape);
-      kernels::cumulative_extreme<true>(input.Data(), y, nullptr, cumulative, mode == 0 || mode == 2,
-                                        SessionThreads(context));
+      KernelOutput<T> y(out.Allocate(shape), element_count(shape));
+      kernels::cumulative_extreme<true>(KernelInput<T>(input).get(), y.get(), nullptr, cumulative,
+                                        mode == 0 || mode == 2, SessionThreads(context));
+      y.finish();
       return Ort::Status(nullptr);
     });
   }
@@ -81,6 +83,7 @@ void append_cumulative(const char* op_type, std::vector<Ort::Custom::OrtLiteCust
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<Cumulative<float, Max, Op>>(op_type, kCpu)));
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<Cumulative<double, Max, Op>>(op_type, kCpu)));
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<Cumulative<int64_t, Max, Op>>(op_type, kCpu)));
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<Cumulative<Ort::Float16_t, Max, Op>>(op_type, kCpu)));
 }
 
 void append_cummax(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) { append_cumulative<true, kCummax>("cummax", ops); }
@@ -91,6 +94,7 @@ void append_cummin(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
 void append_corner_pool(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<CornerPool<float>>("MMCVCornerPool", kCpu)));
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<CornerPool<double>>("MMCVCornerPool", kCpu)));
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<CornerPool<Ort::Float16_t>>("MMCVCornerPool", kCpu)));
 }
 
 }  // namespace

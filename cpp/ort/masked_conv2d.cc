@@ -39,13 +39,21 @@ struct MaskedConv2d {
                                                  bias ? &bias_shape : nullptr, padding, stride, shape);
       if (!status.ok()) return from_kernel(status);
       std::vector<int64_t> positions;
-      status = kernels::masked_positions(kOp, mask.Data(), shape, positions);
+      status = kernels::masked_positions(kOp, KernelInput<M>(mask).get(), shape, positions);
       if (!status.ok()) return from_kernel(status);
-      T* y = out.Allocate({1, shape.out_channels, shape.out_h, shape.out_w});
-      std::fill(y, y + shape.out_channels * shape.out_h * shape.out_w, T(0));
-      if (positions.empty() || shape.out_channels == 0) return Ort::Status(nullptr);
-      kernels::masked_conv2d(features.Data(), positions, weight.Data(), bias ? bias->GetTensorData<T>() : nullptr, y,
-                             shape, SessionThreads(context), gemm<T>);
+      const int64_t count = shape.out_channels * shape.out_h * shape.out_w;
+      KernelOutput<T> y(out.Allocate({1, shape.out_channels, shape.out_h, shape.out_w}), count);
+      std::fill(y.get(), y.get() + count, kernel_type<T>(0));
+      if (positions.empty() || shape.out_channels == 0) {
+        y.finish();
+        return Ort::Status(nullptr);
+      }
+      const std::optional<KernelInput<T>> b =
+          bias ? std::optional<KernelInput<T>>(std::in_place, bias->GetTensorData<T>(), shape.out_channels)
+               : std::nullopt;
+      kernels::masked_conv2d(KernelInput<T>(features).get(), positions, KernelInput<T>(weight).get(),
+                             b ? b->get() : nullptr, y.get(), shape, SessionThreads(context), gemm<kernel_type<T>>);
+      y.finish();
       return Ort::Status(nullptr);
     });
   }
@@ -67,6 +75,9 @@ void append_masked_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(make_op<float, bool, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL>());
   ops.push_back(make_op<double, double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
   ops.push_back(make_op<double, bool, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL>());
+  constexpr auto kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  ops.push_back(make_op<Ort::Float16_t, Ort::Float16_t, kHalf, kHalf>());
+  ops.push_back(make_op<Ort::Float16_t, bool, kHalf, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL>());
 }
 
 }  // namespace

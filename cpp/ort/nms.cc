@@ -56,7 +56,9 @@ struct NonMaxSuppression {
       const auto status = kernels::check_nms(kNmsOp, boxes.Shape(), scores.Shape(), count);
       if (!status.ok()) return from_kernel(status);
       std::vector<int64_t> kept;
-      if (count > 0) kept = kernels::nms(boxes.Data(), scores.Data(), count, iou_threshold, offset);
+      if (count > 0) {
+        kept = kernels::nms(KernelInput<T>(boxes).get(), KernelInput<T>(scores).get(), count, iou_threshold, offset);
+      }
       int64_t* out = indices.Allocate({static_cast<int64_t>(kept.size())});
       std::copy(kept.begin(), kept.end(), out);
       return Ort::Status(nullptr);
@@ -95,14 +97,16 @@ struct SoftNonMaxSuppression {
       int64_t count = 0;
       const auto status = kernels::check_nms(kSoftNmsOp, boxes.Shape(), scores.Shape(), count);
       if (!status.ok()) return from_kernel(status);
-      std::vector<T> rows;
+      std::vector<kernel_type<T>> rows;
       std::vector<int64_t> picked;
       if (count > 0) {
-        kernels::soft_nms(boxes.Data(), scores.Data(), count, iou_threshold, sigma, min_score,
-                          static_cast<kernels::SoftNmsMethod>(method), offset, rows, picked);
+        kernels::soft_nms(KernelInput<T>(boxes).get(), KernelInput<T>(scores).get(), count, iou_threshold, sigma,
+                          min_score, static_cast<kernels::SoftNmsMethod>(method), offset, rows, picked);
       }
       const auto kept = static_cast<int64_t>(picked.size());
-      std::copy(rows.begin(), rows.end(), dets.Allocate({kept, 5}));
+      KernelOutput<T> out(dets.Allocate({kept, 5}), kept * 5);
+      std::copy(rows.begin(), rows.end(), out.get());
+      out.finish();
       std::copy(picked.begin(), picked.end(), inds.Allocate({kept}));
       return Ort::Status(nullptr);
     });
@@ -135,8 +139,9 @@ struct NmsMatch {
       }
       std::vector<int64_t> rows;
       if (batch > 0 && classes > 0 && count > 0) {
-        rows = kernels::nms_match(boxes.Data(), scores.Data(), batch, classes, count, iou_threshold.Data()[0],
-                                  score_threshold.Data()[0], SessionThreads(context));
+        rows = kernels::nms_match(KernelInput<T>(boxes).get(), KernelInput<T>(scores).get(), batch, classes, count,
+                                  KernelInput<T>(iou_threshold.Data(), 1).get()[0],
+                                  KernelInput<T>(score_threshold.Data(), 1).get()[0], SessionThreads(context));
       }
       std::copy(rows.begin(), rows.end(), matches.Allocate({static_cast<int64_t>(rows.size() / 4), 4}));
       return Ort::Status(nullptr);
@@ -147,11 +152,14 @@ struct NmsMatch {
 void append_nms_match(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<NmsMatch<float>>("NMSMatch", kCpu)));
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<NmsMatch<double>>("NMSMatch", kCpu)));
+  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<NmsMatch<Ort::Float16_t>>("NMSMatch", kCpu)));
 }
 
 void append_nms(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<NonMaxSuppression<float>>("NonMaxSuppression", kCpu)));
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<NonMaxSuppression<double>>("NonMaxSuppression", kCpu)));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<NonMaxSuppression<Ort::Float16_t>>("NonMaxSuppression", kCpu)));
 }
 
 void append_soft_nms(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
@@ -159,6 +167,8 @@ void append_soft_nms(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
       complete_op(Ort::Custom::CreateLiteCustomOp<SoftNonMaxSuppression<float>>("SoftNonMaxSuppression", kCpu)));
   ops.push_back(
       complete_op(Ort::Custom::CreateLiteCustomOp<SoftNonMaxSuppression<double>>("SoftNonMaxSuppression", kCpu)));
+  ops.push_back(complete_op(
+      Ort::Custom::CreateLiteCustomOp<SoftNonMaxSuppression<Ort::Float16_t>>("SoftNonMaxSuppression", kCpu)));
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 // - mmdeploy::NMSRotated(boxes [B, N, 5], scores [B, C, N]) -> [K, 3] int64 (batch, class, box), attributes
 //   iou_threshold and score_threshold (floats): the node mmdeploy's exporter writes for mmrotate's detectors, for
 //   which mmdeploy's own ONNX Runtime kernel builds only against ORT <= 1.15.
-// float and double.
+// float, double and float16 (the overlaps computed in float32).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -37,8 +37,9 @@ struct NmsRotated {
       if (!status.ok()) return from_kernel(status);
       std::vector<int64_t> kept;
       if (count > 0) {
-        kept = kernels::nms_rotated(boxes.Data(), scores.Data(), labels ? labels->GetTensorData<int64_t>() : nullptr,
-                                    count, iou_threshold, clockwise);
+        kept =
+            kernels::nms_rotated(KernelInput<T>(boxes).get(), KernelInput<T>(scores).get(),
+                                 labels ? labels->GetTensorData<int64_t>() : nullptr, count, iou_threshold, clockwise);
       }
       int64_t* out = keep.Allocate({static_cast<int64_t>(kept.size())});
       std::copy(kept.begin(), kept.end(), out);
@@ -63,6 +64,7 @@ Ort::Custom::OrtLiteCustomOp* make_op() {
 void append_nms_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(make_op<float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>());
   ops.push_back(make_op<double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
+  ops.push_back(make_op<Ort::Float16_t, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16>());
 }
 
 template <class T>
@@ -80,8 +82,8 @@ struct MmdeployNmsRotated {
       if (!status.ok()) return from_kernel(status);
       std::vector<int64_t> rows;
       if (batch > 0 && classes > 0 && count > 0) {
-        rows = kernels::batched_nms_rotated(boxes.Data(), scores.Data(), batch, classes, count, iou_threshold,
-                                            score_threshold, SessionThreads(context));
+        rows = kernels::batched_nms_rotated(KernelInput<T>(boxes).get(), KernelInput<T>(scores).get(), batch, classes,
+                                            count, iou_threshold, score_threshold, SessionThreads(context));
       }
       int64_t* out = selected.Allocate({static_cast<int64_t>(rows.size() / 3), 3});
       std::copy(rows.begin(), rows.end(), out);
@@ -97,6 +99,8 @@ void append_mmdeploy_nms_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops
       complete_op(Ort::Custom::CreateLiteCustomOp<MmdeployNmsRotated<float>>("NMSRotated", "CPUExecutionProvider")));
   ops.push_back(
       complete_op(Ort::Custom::CreateLiteCustomOp<MmdeployNmsRotated<double>>("NMSRotated", "CPUExecutionProvider")));
+  ops.push_back(complete_op(
+      Ort::Custom::CreateLiteCustomOp<MmdeployNmsRotated<Ort::Float16_t>>("NMSRotated", "CPUExecutionProvider")));
 }
 
 }  // namespace

@@ -26,9 +26,10 @@ struct PsaMask {
       const auto status = kernels::check_psa_mask(kOp, input.Shape(), psa_type, mask_size, shape);
       if (!status.ok()) return from_kernel(status);
       const int64_t pixels = shape.height * shape.width;
-      T* y = out.Allocate({shape.batch, pixels, shape.height, shape.width});
-      std::fill(y, y + shape.batch * pixels * pixels, T(0));
-      kernels::psa_mask(input.Data(), y, shape, SessionThreads(context));
+      KernelOutput<T> y(out.Allocate({shape.batch, pixels, shape.height, shape.width}), shape.batch * pixels * pixels);
+      std::fill(y.get(), y.get() + shape.batch * pixels * pixels, kernel_type<T>(0));
+      kernels::psa_mask(KernelInput<T>(input).get(), y.get(), shape, SessionThreads(context));
+      y.finish();
       return Ort::Status(nullptr);
     });
   }
@@ -40,6 +41,8 @@ struct PsaMask {
 void append_psa_mask(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<PsaMask<float>>("MMCVPSAMask", "CPUExecutionProvider")));
   ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<PsaMask<double>>("MMCVPSAMask", "CPUExecutionProvider")));
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<PsaMask<Ort::Float16_t>>("MMCVPSAMask", "CPUExecutionProvider")));
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 // output_width], attributes output_height, output_width, sampling_ratio (ints), spatial_scale (float), mode
 // (string "avg" or "max") and aligned (int 0 or 1). mmcv's kernel required every attribute; absent here, they take
 // mmcv.ops.RoIAlign's defaults (sampling_ratio 0, mode "avg", aligned 1, scale 1) except the output size,
-// which is required. float and double.
+// which is required. float, double and float16 (computed in float32).
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -43,11 +43,14 @@ struct MmcvRoiAlign {
       auto status = kernels::check_roi_align(names, input.Shape(), rois.Shape(), attributes, shape);
       if (!status.ok()) return from_kernel(status);
       std::vector<kernels::roi_align_rotated_detail::Roi> read;
-      status = kernels::read_rois(names, rois.Data(), shape, attributes, read);
+      status = kernels::read_rois(names, KernelInput<T>(rois).get(), shape, attributes, read);
       if (!status.ok()) return from_kernel(status);
-      T* y = out.Allocate({shape.rois, shape.channels, shape.pooled_height, shape.pooled_width});
+      const std::vector<int64_t> out_shape{shape.rois, shape.channels, shape.pooled_height, shape.pooled_width};
+      KernelOutput<T> y(out.Allocate(out_shape), element_count(out_shape));
       if (shape.rois == 0 || shape.channels == 0) return Ort::Status(nullptr);
-      kernels::roi_align(input.Data(), read, y, shape, attributes.max_pool, SessionThreads(context));
+      kernels::roi_align(KernelInput<T>(input).get(), read, y.get(), shape, attributes.max_pool,
+                         SessionThreads(context));
+      y.finish();
       return Ort::Status(nullptr);
     });
   }
@@ -61,6 +64,8 @@ void append_mmcv_roi_align(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
       complete_op(Ort::Custom::CreateLiteCustomOp<MmcvRoiAlign<float, Op>>("MMCVRoiAlign", "CPUExecutionProvider")));
   ops.push_back(
       complete_op(Ort::Custom::CreateLiteCustomOp<MmcvRoiAlign<double, Op>>("MMCVRoiAlign", "CPUExecutionProvider")));
+  ops.push_back(complete_op(
+      Ort::Custom::CreateLiteCustomOp<MmcvRoiAlign<Ort::Float16_t, Op>>("MMCVRoiAlign", "CPUExecutionProvider")));
 }
 
 }  // namespace

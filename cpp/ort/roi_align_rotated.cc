@@ -5,7 +5,7 @@
 // - mmcv::MMCVRoIAlignRotated, the node mmcv's RoIAlignRotated symbolic writes;
 // - mmdeploy::MMCVRoIAlignRotated, the node mmdeploy's rewrite of it writes (mmrotate's Oriented R-CNN and RoI
 //   Transformer heads); mmdeploy's own ONNX Runtime kernel builds only against ORT <= 1.15.
-// float and double.
+// float, double and float16 (computed in float32).
 #include <string>
 #include <vector>
 
@@ -38,11 +38,13 @@ struct RoiAlignRotated {
       auto status = kernels::check_roi_align_rotated(names, input.Shape(), rois.Shape(), attributes, shape);
       if (!status.ok()) return from_kernel(status);
       std::vector<kernels::roi_align_rotated_detail::Roi> read;
-      status = kernels::read_rotated_rois(names, rois.Data(), shape, attributes, read);
+      status = kernels::read_rotated_rois(names, KernelInput<T>(rois).get(), shape, attributes, read);
       if (!status.ok()) return from_kernel(status);
-      T* y = out.Allocate({shape.rois, shape.channels, shape.pooled_height, shape.pooled_width});
+      const std::vector<int64_t> out_shape{shape.rois, shape.channels, shape.pooled_height, shape.pooled_width};
+      KernelOutput<T> y(out.Allocate(out_shape), element_count(out_shape));
       if (shape.rois == 0 || shape.channels == 0) return Ort::Status(nullptr);
-      kernels::roi_align_rotated(input.Data(), read, y, shape, SessionThreads(context));
+      kernels::roi_align_rotated(KernelInput<T>(input).get(), read, y.get(), shape, SessionThreads(context));
+      y.finish();
       return Ort::Status(nullptr);
     });
   }
@@ -56,6 +58,8 @@ void append_for(const char* op_type, std::vector<Ort::Custom::OrtLiteCustomOp*>&
       complete_op(Ort::Custom::CreateLiteCustomOp<RoiAlignRotated<float, Op>>(op_type, "CPUExecutionProvider")));
   ops.push_back(
       complete_op(Ort::Custom::CreateLiteCustomOp<RoiAlignRotated<double, Op>>(op_type, "CPUExecutionProvider")));
+  ops.push_back(complete_op(
+      Ort::Custom::CreateLiteCustomOp<RoiAlignRotated<Ort::Float16_t, Op>>(op_type, "CPUExecutionProvider")));
 }
 
 void append_roi_align_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {

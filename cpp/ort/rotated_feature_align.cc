@@ -1,7 +1,7 @@
 // ORT adapter of kernels/rotated_feature_align.h: opbridge::RotatedFeatureAlign and mmcv::MMCVRotatedFeatureAlign
 // (the node mmcv 1.x's RotatedFeatureAlign symbolic writes, for S2A-Net and R3Det), one contract: inputs
 // (features [N, C, H, W], best_rboxes [N, H, W, 5]), output [N, C, H, W], attributes spatial_scale (float) and
-// points (1 or 5). float and double.
+// points (1 or 5). float, double and float16 (computed in float32).
 #include <string>
 #include <vector>
 
@@ -28,9 +28,11 @@ struct RotatedFeatureAlign {
           kernels::check_rotated_feature_align({Op, "input features (index 0)", "input best_rboxes (index 1)"},
                                                features.Shape(), boxes.Shape(), spatial_scale, points, shape);
       if (!status.ok()) return from_kernel(status);
-      T* y = out.Allocate(features.Shape());
+      KernelOutput<T> y(out.Allocate(features.Shape()), element_count(features.Shape()));
       if (shape.batch * shape.channels * shape.height * shape.width == 0) return Ort::Status(nullptr);
-      kernels::rotated_feature_align(features.Data(), boxes.Data(), y, shape, spatial_scale, SessionThreads(context));
+      kernels::rotated_feature_align(KernelInput<T>(features).get(), KernelInput<T>(boxes).get(), y.get(), shape,
+                                     spatial_scale, SessionThreads(context));
+      y.finish();
       return Ort::Status(nullptr);
     });
   }
@@ -45,6 +47,8 @@ void append_for(const char* op_type, std::vector<Ort::Custom::OrtLiteCustomOp*>&
       complete_op(Ort::Custom::CreateLiteCustomOp<RotatedFeatureAlign<float, Op>>(op_type, "CPUExecutionProvider")));
   ops.push_back(
       complete_op(Ort::Custom::CreateLiteCustomOp<RotatedFeatureAlign<double, Op>>(op_type, "CPUExecutionProvider")));
+  ops.push_back(complete_op(
+      Ort::Custom::CreateLiteCustomOp<RotatedFeatureAlign<Ort::Float16_t, Op>>(op_type, "CPUExecutionProvider")));
 }
 
 void append_rotated_feature_align(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {

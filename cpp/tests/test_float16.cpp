@@ -116,9 +116,52 @@ void test_kernel_on_soft_halves() {
   expect(wrong == 0, std::to_string(wrong) + " of my_add's half outputs differ from 2a + b rounded once");
 }
 
+// bfloat16 (BFloat16): every one of the 65536 values to float is the top half of the float's bits; float to
+// bfloat16 rounds to nearest even (checked against the nearest of the two neighbours in double, ties to the even
+// one) and a NaN becomes 0x7fc0, as c10::BFloat16 does.
+void test_bfloat16() {
+  using opbridge::kernels::BFloat16;
+  static_assert(sizeof(BFloat16) == 2, "BFloat16 is two bytes, like at::BFloat16");
+  int failures = 0;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float value = BFloat16::to_float(static_cast<uint16_t>(b));
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    failures += bits != (b << 16);
+  }
+  std::mt19937 random(13);
+  for (int i = 0; i < (1 << 20); ++i) {
+    const auto x = static_cast<uint32_t>(random());
+    const float v = from_bits(x);
+    const uint16_t got = BFloat16::from_float(v);
+    if (std::isnan(v)) {
+      failures += got != 0x7fc0;
+      continue;
+    }
+    // The two neighbours (toward zero and away from it; the latter may be infinity): the nearer in double, the
+    // even one on a tie.
+    if (std::isinf(v)) {
+      failures += got != static_cast<uint16_t>(x >> 16);
+      continue;
+    }
+    const uint32_t low = x & 0xffff0000u, high = low + 0x10000u;
+    // Past the largest finite value the next one would be 2^128 (rounding there gives infinity).
+    const double high_value = (high & 0x7f800000u) == 0x7f800000u ? std::copysign(std::ldexp(1.0, 128), v)
+                                                                  : static_cast<double>(from_bits(high));
+    const double below = std::fabs(static_cast<double>(v) - static_cast<double>(from_bits(low)));
+    const double above = std::fabs(high_value - static_cast<double>(v));
+    const uint32_t want = below < above ? low : above < below ? high : (((low >> 16) & 1u) ? high : low);
+    failures += got != static_cast<uint16_t>(want >> 16);
+  }
+  expect(failures == 0, std::to_string(failures) + " bfloat16 conversions wrong");
+  expect(static_cast<float>(BFloat16(1.0f + 1.0f / 256)) == 1.0f, "1 + 2^-8 ties to even (1)");
+  expect(static_cast<float>(BFloat16(1.0f + 3.0f / 256)) == 1.0f + 4.0f / 256, "1 + 3 * 2^-8 ties to even (1 + 2^-6)");
+}
+
 }  // namespace
 
 int main() {
+  test_bfloat16();
   test_kernel_on_soft_halves();
   test_every_half_to_float();
   test_float_to_half_rounding();

@@ -12,6 +12,8 @@ from ._common import INVALID_ACCEPTED, MATCH, chance, random_values, run_one_nod
 ORT_NODE = "MMCVCornerPool"
 ORT_DOMAIN = "mmcv"
 FLOATS = [np.float32, np.float64]
+# What the node takes: also float16 (computed in float32; the values are copies, so exactly).
+ACCEPTED = [*FLOATS, np.float16]
 
 
 def config(rng, kind: str) -> dict:
@@ -40,7 +42,7 @@ def run_ort(session, rng, cfg):
     if refused:
         return refused
     mode = cfg["attrs"].get("mode", 0)
-    if cfg["inputs"] != ["input"] or cfg["dtype"] not in FLOATS or x.ndim != 4 or mode not in (0, 1, 2, 3):
+    if cfg["inputs"] != ["input"] or cfg["dtype"] not in ACCEPTED or x.ndim != 4 or mode not in (0, 1, 2, 3):
         return INVALID_ACCEPTED
     if type(mode) is not int:
         return INVALID_ACCEPTED

@@ -13,6 +13,8 @@ ORT_NODE = "cummax"
 ORT_DOMAIN = "mmcv"
 ORT_ALIASES = ["mmcv::cummin"]
 TYPES = [np.float32, np.float64, np.int64]
+# What the node takes: also float16 (computed in float32; the values are copies, so exactly).
+ACCEPTED = [*TYPES, np.float16]
 
 
 def config(rng, kind: str) -> dict:
@@ -43,7 +45,7 @@ def run_ort(session, rng, cfg):
     if refused:
         return refused
     dim, rank = cfg["attrs"].get("dim", 0), max(len(cfg["shape"]), 1)
-    if cfg["inputs"] != ["input"] or dtype not in TYPES or type(dim) is not int or not -rank <= dim < rank:
+    if cfg["inputs"] != ["input"] or dtype not in ACCEPTED or type(dim) is not int or not -rank <= dim < rank:
         return INVALID_ACCEPTED
     want_values, want_indices = cumulative_reference(x, dim, True)
     got_values, got_indices = results

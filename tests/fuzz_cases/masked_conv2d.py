@@ -13,6 +13,8 @@ from ._common import INVALID_ACCEPTED, MATCH, chance, close_values, random_value
 ORT_NODE = "MMCVMaskedConv2d"
 ORT_DOMAIN = "mmcv"
 FLOATS = [np.float32, np.float64]
+# What the node takes: also float16 (computed in float32, rounded once).
+ACCEPTED = [*FLOATS, np.float16]
 NAMES = ["features", "mask", "weight", "bias"]
 
 
@@ -50,7 +52,7 @@ def run_ort(session, rng, cfg):
     if refused:
         return refused
     pad, stride = cfg["attrs"]["padding"], cfg["attrs"]["stride"]
-    if cfg["inputs"] not in (NAMES, NAMES[:3]) or dtype not in FLOATS or stride != [1, 1] or len(pad) != 2:
+    if cfg["inputs"] not in (NAMES, NAMES[:3]) or dtype not in ACCEPTED or stride != [1, 1] or len(pad) != 2:
         return INVALID_ACCEPTED
     f, m, w = arrays["features"], arrays["mask"], arrays["weight"]
     if min(pad) < 0 or f.shape[0] != 1 or m.shape != (1, *f.shape[2:]) or w.shape[1] != f.shape[1]:
@@ -61,6 +63,10 @@ def run_ort(session, rng, cfg):
     ys, xs = np.nonzero(m[0] > 0)
     if len(ys) and (ys.max() >= out_h or xs.max() >= out_w):
         return INVALID_ACCEPTED
+    bias = arrays["bias"] if "bias" in cfg["inputs"] else None
+    if dtype == np.float16:  # the definition in float64 on the float16 values (numpy would compute in float16)
+        f, m, w = (a.astype(np.float64) if a.dtype == np.float16 else a for a in (f, m, w))
+        bias = None if bias is None else bias.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
-        want = masked_conv_reference(f, m, w, arrays["bias"] if "bias" in cfg["inputs"] else None, pad).astype(dtype)
+        want = masked_conv_reference(f, m, w, bias, pad).astype(dtype)
     return MATCH if close_values(out, want, dtype) else ("mismatch", "values differ")

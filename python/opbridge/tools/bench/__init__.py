@@ -140,6 +140,16 @@ def interleaved_times(fns: list[Callable[[], object]], warmup: int, rounds: int,
     return runs
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bfloat16 dot-product instructions (AVX512-BF16 or AMX-BF16): where the half-precision
+    paths' bars apply (docs/benchmarks.md)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
 def ort_session(model: onnx.ModelProto, threads: int, with_library: bool) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
