@@ -49,7 +49,12 @@ def run_ort(session, rng, cfg):
         return refused
     psa_type, mask = cfg["attrs"].get("psa_type", 0), cfg["attrs"].get("mask_size")
     mask = [mask, mask] if type(mask) is int else mask
-    if cfg["inputs"] != ["input"] or cfg["dtype"] not in ACCEPTED or psa_type not in (0, 1) or type(psa_type) is not int:
+    if (
+        cfg["inputs"] != ["input"]
+        or cfg["dtype"] not in ACCEPTED
+        or psa_type not in (0, 1)
+        or type(psa_type) is not int
+    ):
         return INVALID_ACCEPTED
     if not isinstance(mask, list) or len(mask) != 2 or not all(type(v) is int and 1 <= v <= 4096 for v in mask):
         return INVALID_ACCEPTED
