@@ -215,7 +215,9 @@ def _standard(b, boxes1, boxes2, mode=0, aligned=False, clockwise=True):
 
 _LOWERINGS = [
     specs.Lowering("standard", specs.half_storage(_standard), min_opset=11, note="Green's theorem over clipped edges"),
-    specs.Lowering("custom", specs.half_storage(_custom), min_opset=9, note="opbridge::BoxIouRotated"),
+    specs.Lowering(
+        "custom", specs.half_storage(_custom, native=(torch.float16,)), min_opset=9, note="opbridge::BoxIouRotated"
+    ),
 ]
 
 
@@ -336,7 +338,7 @@ SPEC = specs.register(
             op_type="BoxIouRotated",
             inputs=("boxes1", "boxes2"),
             outputs=("overlaps",),
-            types=("tensor(float)", "tensor(double)"),
+            types=("tensor(float)", "tensor(double)", "tensor(float16)"),
             doc="mmcv's box_iou_rotated: [N, 5] x [M, 5] boxes (cx, cy, w, h, angle) -> [N, M] (aligned: [N]).",
             attributes=(("aligned", "int"), ("clockwise", "int"), ("mode", "int")),
         ),

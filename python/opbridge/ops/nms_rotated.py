@@ -115,7 +115,10 @@ def _custom(b, boxes, scores, iou_threshold, labels=None, clockwise=True):
 
 _LOWERINGS = [
     specs.Lowering(
-        "custom", specs.half_storage(_custom, floating_output=False), min_opset=9, note="opbridge::NmsRotated"
+        "custom",
+        specs.half_storage(_custom, native=(torch.float16,), floating_output=False),
+        min_opset=9,
+        note="opbridge::NmsRotated",
     )
 ]
 
@@ -184,7 +187,7 @@ SPEC = specs.register(
             op_type="NmsRotated",
             inputs=("boxes", "scores", "labels"),
             outputs=("keep",),
-            types=("tensor(float)", "tensor(double)"),
+            types=("tensor(float)", "tensor(double)", "tensor(float16)"),
             doc="mmcv's nms_rotated: boxes [N, 5], scores [N], labels [N] (optional) -> kept indices [K] (int64), "
             "decreasing score; suppress at IoU > iou_threshold, within a label.",
             optional_inputs=("labels",),

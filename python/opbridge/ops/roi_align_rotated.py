@@ -364,7 +364,9 @@ def float64_cos_gap(cell) -> str | None:
 
 _LOWERINGS = [
     specs.Lowering("standard", specs.half_storage(_standard), min_opset=11, note="Gather bilinear sampling"),
-    specs.Lowering("custom", specs.half_storage(_custom), min_opset=9, note="opbridge::RoiAlignRotated"),
+    specs.Lowering(
+        "custom", specs.half_storage(_custom, native=(torch.float16,)), min_opset=9, note="opbridge::RoiAlignRotated"
+    ),
 ]
 
 
@@ -480,7 +482,7 @@ SPEC = specs.register(
             op_type="RoiAlignRotated",
             inputs=("input", "rois"),
             outputs=("output",),
-            types=("tensor(float)", "tensor(double)"),
+            types=("tensor(float)", "tensor(double)", "tensor(float16)"),
             doc="mmcv's roi_align_rotated: input [N, C, H, W], rois [K, 6] (batch, cx, cy, w, h, angle) -> "
             "[K, C, output_height, output_width]; the attributes of mmcv's MMCVRoIAlignRotated.",
             attributes=(

@@ -182,7 +182,12 @@ def _standard(b, features, best_rboxes, spatial_scale, points=1):
 
 _LOWERINGS = [
     specs.Lowering("standard", specs.half_storage(_standard), min_opset=11, note="Gather bilinear sampling"),
-    specs.Lowering("custom", specs.half_storage(_custom), min_opset=9, note="opbridge::RotatedFeatureAlign"),
+    specs.Lowering(
+        "custom",
+        specs.half_storage(_custom, native=(torch.float16,)),
+        min_opset=9,
+        note="opbridge::RotatedFeatureAlign",
+    ),
 ]
 
 
@@ -251,7 +256,7 @@ SPEC = specs.register(
             op_type="RotatedFeatureAlign",
             inputs=("features", "best_rboxes"),
             outputs=("output",),
-            types=("tensor(float)", "tensor(double)"),
+            types=("tensor(float)", "tensor(double)", "tensor(float16)"),
             doc="mmcv's rotated_feature_align: features [N, C, H, W], best_rboxes [N, H, W, 5] -> [N, C, H, W]; "
             "the attributes of mmcv's MMCVRotatedFeatureAlign.",
             attributes=(("points", "int"), ("spatial_scale", "float")),
