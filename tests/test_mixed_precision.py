@@ -608,3 +608,39 @@ def test_patch_model_serves_half_precision_layers_at_the_librarys_accuracy_or_be
     library_error = float((library - reference).abs().max())
     our_error = float((ours - reference).abs().max())
     assert our_error <= 1.5 * library_error + 1e-3, (our_error, library_error)
+
+
+# --- opcheck: fake kernels, autograd and the dispatcher agree on half and mixed dtypes ------------------------------
+
+_OPCHECK = {
+    "ms_deform_attn": (torch.ops.opbridge.ms_deform_attn.default, (0, 3, 4)),
+    "deform_conv2d": (torch.ops.opbridge.deform_conv2d.default, (0, 1, 2, 3, 7)),
+    "roi_align_rotated": (torch.ops.opbridge.roi_align_rotated.default, (0,)),
+    "rotated_feature_align": (torch.ops.opbridge.rotated_feature_align.default, (0,)),
+    "my_add": (torch.ops.opbridge.my_add.default, (0, 1)),
+}
+
+
+def _opcheck_arguments(name, dtype, mixed):
+    build, precise = CASES[name]
+    _, inputs, _ = build(dtype, precise if mixed else ())
+    if name == "deform_conv2d":
+        x, offset, weight, bias, mask = inputs
+        return [x, offset, weight, bias, [1, 1], [1, 1], [1, 1], mask]
+    if name == "roi_align_rotated":
+        return [*inputs, 2, 2, 1.0, 0, True, False]
+    if name == "rotated_feature_align":
+        return [*inputs, 1 / 8, 1]
+    return inputs
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("mixed", [False, True], ids=["all-half", "precise-inputs-float32"])
+@pytest.mark.parametrize("name", list(_OPCHECK))
+def test_opcheck_with_half_inputs(name, mixed, dtype):
+    op, differentiable = _OPCHECK[name]
+    arguments = _opcheck_arguments(name, dtype, mixed)
+    leaves = [a.detach().clone().requires_grad_(i in differentiable) if isinstance(a, torch.Tensor) else a
+              for i, a in enumerate(arguments)]  # fmt: skip
+    for inputs in (arguments, leaves):
+        torch.library.opcheck(op, inputs)
