@@ -19,6 +19,7 @@
 
 #include "kernels/broadcast.h"
 #include "kernels/float16.h"
+#include "kernels/half_convert.h"
 
 namespace opbridge::ort {
 
@@ -35,15 +36,14 @@ inline Ort::Status from_kernel(const kernels::Status& status) {
 
 // float16 nodes on the CPU: the kernels compute in float32 on widened copies of the inputs and the output is rounded
 // once, as the torch ops do with half storage (cpp/torch/api.h, is_half).
+// Ort::Float16_t holds the binary16 bits (kernels/half_convert.h: F16C where the CPU has it).
 inline std::vector<float> widened(const Ort::Float16_t* data, int64_t count) {
   std::vector<float> out(count > 0 ? static_cast<size_t>(count) : 0);
-  const auto* half = reinterpret_cast<const kernels::float16*>(data);  // the same bits
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(half[i]);
+  kernels::float16_to_float(reinterpret_cast<const uint16_t*>(data), out.data(), static_cast<int64_t>(out.size()));
   return out;
 }
 inline void narrow(const std::vector<float>& data, Ort::Float16_t* out) {
-  auto* half = reinterpret_cast<kernels::float16*>(out);
-  for (size_t i = 0; i < data.size(); ++i) half[i] = kernels::float16(data[i]);
+  kernels::float_to_float16(data.data(), reinterpret_cast<uint16_t*>(out), static_cast<int64_t>(data.size()));
 }
 
 // The kernels' element type for a node's element type: float16 is computed in float32.

@@ -7,9 +7,11 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "check.h"
 #include "kernels/float16.h"
+#include "kernels/half_convert.h"
 #include "kernels/my_add.h"
 
 namespace {
@@ -158,9 +160,43 @@ void test_bfloat16() {
   expect(static_cast<float>(BFloat16(1.0f + 3.0f / 256)) == 1.0f + 4.0f / 256, "1 + 3 * 2^-8 ties to even (1 + 2^-6)");
 }
 
+// The array conversions (kernels/half_convert.h: F16C where this CPU has it) give SoftFloat16's bits: every half to
+// float (a signaling NaN may come out quiet), and float to half for the rounding cases and random floats (NaNs of
+// every payload included), at lengths that leave a tail after the 8-wide blocks.
+void test_array_conversions() {
+  using opbridge::kernels::float16_to_float;
+  using opbridge::kernels::float_to_float16;
+  std::vector<uint16_t> halves(65536 + 5);
+  for (size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(i * 40503u);
+  std::vector<float> widened(halves.size());
+  float16_to_float(halves.data(), widened.data(), static_cast<int64_t>(halves.size()));
+  int failures = 0;
+  for (size_t i = 0; i < halves.size(); ++i) {
+    uint32_t got, want;
+    const float reference = SoftFloat16::to_float(halves[i]);
+    std::memcpy(&got, &widened[i], sizeof got);
+    std::memcpy(&want, &reference, sizeof want);
+    // F16C quiets a signaling NaN (the 1022 halves with exponent 31 and the quiet bit clear); still a NaN.
+    const bool signaling = (halves[i] & 0x7e00u) == 0x7c00u && (halves[i] & 0x1ffu) != 0;
+    failures += signaling ? !std::isnan(widened[i]) : got != want;
+  }
+  std::mt19937 random(17);
+  std::vector<float> floats(1 << 18 | 3);
+  for (size_t i = 0; i < floats.size(); ++i) {
+    const auto bits = static_cast<uint32_t>(random());
+    const uint32_t low[] = {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu};
+    floats[i] = from_bits(i % 2 ? bits : (bits & ~0x1fffu) | low[i % 6]);
+  }
+  std::vector<uint16_t> narrowed(floats.size());
+  float_to_float16(floats.data(), narrowed.data(), static_cast<int64_t>(floats.size()));
+  for (size_t i = 0; i < floats.size(); ++i) failures += narrowed[i] != SoftFloat16::from_float(floats[i]);
+  expect(failures == 0, std::to_string(failures) + " array conversions differ from SoftFloat16's");
+}
+
 }  // namespace
 
 int main() {
+  test_array_conversions();
   test_bfloat16();
   test_kernel_on_soft_halves();
   test_every_half_to_float();
