@@ -29,12 +29,14 @@ struct AlignedArray {
 // system maps page by page on every call (19 ms of page faults in a 31 ms MSDA forward). Each thread keeps kSlots
 // blocks, each up to kMaxBytes (larger requests get memory of their own), for the life of the thread; a request
 // while all of the thread's blocks are in use (a task run on the thread that holds a kernel's copy, a nested call)
-// gets its own. Contents are not initialized.
-class ThreadScratch {
+// gets its own. Contents are not initialized. Pool: a tag naming a separate set of blocks (the ORT library's
+// float16 nodes keep their float32 copies apart from the kernels' own scratch: ort/api.h).
+template <class Pool, int Slots>
+class BasicThreadScratch {
  public:
   static constexpr size_t kMaxBytes = size_t(512) << 20;
-  static constexpr int kSlots = 2;
-  explicit ThreadScratch(size_t bytes) {
+  static constexpr int kSlots = Slots;
+  explicit BasicThreadScratch(size_t bytes) {
     Cache* cache = nullptr;
     for (Cache& slot : caches_of_thread()) {
       if (!slot.in_use) {
@@ -57,11 +59,11 @@ class ThreadScratch {
     cache_ = cache;
     data_ = cache->data.get();
   }
-  ~ThreadScratch() {
+  ~BasicThreadScratch() {
     if (cache_ != nullptr) cache_->in_use = false;
   }
-  ThreadScratch(const ThreadScratch&) = delete;
-  ThreadScratch& operator=(const ThreadScratch&) = delete;
+  BasicThreadScratch(const BasicThreadScratch&) = delete;
+  BasicThreadScratch& operator=(const BasicThreadScratch&) = delete;
   template <class T>
   T* get() const {
     return reinterpret_cast<T*>(data_);
@@ -81,5 +83,7 @@ class ThreadScratch {
   Cache* cache_ = nullptr;
   unsigned char* data_ = nullptr;
 };
+
+using ThreadScratch = BasicThreadScratch<void, 2>;
 
 }  // namespace opbridge::kernels

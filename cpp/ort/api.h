@@ -7,6 +7,7 @@
 #include <onnxruntime_lite_custom_op.h>
 #undef ORT_API_MANUAL_INIT
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include "kernels/broadcast.h"
 #include "kernels/float16.h"
 #include "kernels/half_convert.h"
+#include "kernels/scratch.h"
 
 namespace opbridge::ort {
 
@@ -35,17 +37,7 @@ inline Ort::Status from_kernel(const kernels::Status& status) {
 }
 
 // float16 nodes on the CPU: the kernels compute in float32 on widened copies of the inputs and the output is rounded
-// once, as the torch ops do with half storage (cpp/torch/api.h, is_half).
-// Ort::Float16_t holds the binary16 bits (kernels/half_convert.h: F16C where the CPU has it).
-inline std::vector<float> widened(const Ort::Float16_t* data, int64_t count) {
-  std::vector<float> out(count > 0 ? static_cast<size_t>(count) : 0);
-  kernels::float16_to_float(reinterpret_cast<const uint16_t*>(data), out.data(), static_cast<int64_t>(out.size()));
-  return out;
-}
-inline void narrow(const std::vector<float>& data, Ort::Float16_t* out) {
-  kernels::float_to_float16(data.data(), reinterpret_cast<uint16_t*>(out), static_cast<int64_t>(data.size()));
-}
-
+// once, as the torch ops do with half storage (cpp/torch/api.h, is_half). Ort::Float16_t holds the binary16 bits.
 // The kernels' element type for a node's element type: float16 is computed in float32.
 template <class T>
 struct KernelTypeOf {
@@ -64,16 +56,22 @@ inline int64_t element_count(const std::vector<int64_t>& shape) {
   return count;
 }
 
+// The float32 copies of float16 nodes, kept by the thread from call to call (kernels/scratch.h: fresh memory costs
+// a page fault per 4 KiB, 20 ms on the 800x1333 encoder's 75 MB of copies), apart from the kernels' own scratch.
+struct HalfCopies;
+using HalfScratch = kernels::BasicThreadScratch<HalfCopies, 6>;
+
 // An input's data as a kernel reads it: the tensor's own, or a float32 copy of a float16 tensor.
 template <class T>
 class KernelInput {
  public:
   explicit KernelInput(const Ort::Custom::Tensor<T>& tensor)
       : KernelInput(tensor.Data(), element_count(tensor.Shape())) {}
-  KernelInput(const T* data, int64_t count) {
+  KernelInput(const T* data, int64_t count) : copy_(std::is_same_v<T, Ort::Float16_t> ? bytes_of(count) : 0) {
     if constexpr (std::is_same_v<T, Ort::Float16_t>) {
-      copy_ = widened(data, count);
-      data_ = copy_.data();
+      kernels::float16_to_float(reinterpret_cast<const uint16_t*>(data), copy_.get<float>(),
+                                std::max<int64_t>(count, 0));
+      data_ = copy_.get<float>();
     } else {
       data_ = data;
       (void)count;
@@ -84,8 +82,9 @@ class KernelInput {
   const kernel_type<T>* get() const { return data_; }
 
  private:
+  static size_t bytes_of(int64_t count) { return static_cast<size_t>(std::max<int64_t>(count, 0)) * sizeof(float); }
+  HalfScratch copy_;
   const kernel_type<T>* data_ = nullptr;
-  std::vector<float> copy_;
 };
 
 // An output as a kernel writes it: the tensor's own memory, or a float32 buffer that finish() rounds into the
@@ -93,10 +92,12 @@ class KernelInput {
 template <class T>
 class KernelOutput {
  public:
-  KernelOutput(T* out, int64_t count) : out_(out) {
+  KernelOutput(T* out, int64_t count)
+      : out_(out),
+        count_(std::max<int64_t>(count, 0)),
+        copy_(std::is_same_v<T, Ort::Float16_t> ? static_cast<size_t>(count_) * sizeof(float) : 0) {
     if constexpr (std::is_same_v<T, Ort::Float16_t>) {
-      copy_.resize(count > 0 ? static_cast<size_t>(count) : 0);
-      data_ = copy_.data();
+      data_ = copy_.get<float>();
     } else {
       data_ = out;
     }
@@ -105,13 +106,16 @@ class KernelOutput {
   KernelOutput& operator=(const KernelOutput&) = delete;
   kernel_type<T>* get() { return data_; }
   void finish() {
-    if constexpr (std::is_same_v<T, Ort::Float16_t>) narrow(copy_, out_);
+    if constexpr (std::is_same_v<T, Ort::Float16_t>) {
+      kernels::float_to_float16(copy_.get<float>(), reinterpret_cast<uint16_t*>(out_), count_);
+    }
   }
 
  private:
   T* out_;
+  int64_t count_;
+  HalfScratch copy_;
   kernel_type<T>* data_ = nullptr;
-  std::vector<float> copy_;
 };
 
 // Runs an op body, turning exceptions into an error status: nothing may unwind

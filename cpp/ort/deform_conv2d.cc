@@ -24,15 +24,15 @@ struct Cpu {
     if constexpr (std::is_same_v<T, Ort::Float16_t>) {
       const auto& s = shape;
       const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
-      const auto xf = widened(x, s.batch * s.in_channels * s.height * s.width);
-      const auto wf = widened(w, s.out_channels * (s.in_channels / s.groups) * taps);
-      const auto of = widened(offset, s.batch * s.offset_groups * taps * 2 * pixels);
-      const auto mf = mask ? widened(mask, s.batch * s.offset_groups * taps * pixels) : std::vector<float>{};
-      const auto bf = bias ? widened(bias, s.out_channels) : std::vector<float>{};
-      std::vector<float> y(static_cast<size_t>(s.batch * s.out_channels * pixels));
-      deform_conv2d<float>(state, context, xf.data(), wf.data(), of.data(), mask ? mf.data() : nullptr,
-                           bias ? bf.data() : nullptr, y.data(), shape);
-      narrow(y, out);
+      const KernelInput<T> xf(x, s.batch * s.in_channels * s.height * s.width);
+      const KernelInput<T> wf(w, s.out_channels * (s.in_channels / s.groups) * taps);
+      const KernelInput<T> of(offset, s.batch * s.offset_groups * taps * 2 * pixels);
+      const KernelInput<T> mf(mask, mask ? s.batch * s.offset_groups * taps * pixels : 0);
+      const KernelInput<T> bf(bias, bias ? s.out_channels : 0);
+      KernelOutput<T> y(out, s.batch * s.out_channels * pixels);
+      deform_conv2d<float>(state, context, xf.get(), wf.get(), of.get(), mask ? mf.get() : nullptr,
+                           bias ? bf.get() : nullptr, y.get(), shape);
+      y.finish();
     } else {
       if constexpr (std::is_same_v<T, float>) {
         if (state.runtime_gemm) {

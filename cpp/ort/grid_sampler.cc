@@ -30,17 +30,11 @@ struct GridSampler {
       kernels::GridSampleShape shape;
       const auto status = kernels::check_grid_sample(Op, input.Shape(), grid.Shape(), attributes, shape);
       if (!status.ok()) return from_kernel(status);
-      T* y = out.Allocate({shape.batch, shape.channels, shape.out_height, shape.out_width});
-      if constexpr (std::is_same_v<T, Ort::Float16_t>) {  // float32 arithmetic, one rounding (ort/api.h)
-        const auto x = widened(input.Data(), shape.batch * shape.channels * shape.height * shape.width);
-        const auto g = widened(grid.Data(), shape.batch * shape.out_height * shape.out_width * 2);
-        std::vector<float> result(
-            static_cast<size_t>(shape.batch * shape.channels * shape.out_height * shape.out_width));
-        kernels::grid_sample(x.data(), g.data(), result.data(), shape, attributes, SessionThreads(context));
-        narrow(result, y);
-      } else {
-        kernels::grid_sample(input.Data(), grid.Data(), y, shape, attributes, SessionThreads(context));
-      }
+      const std::vector<int64_t> out_shape{shape.batch, shape.channels, shape.out_height, shape.out_width};
+      KernelOutput<T> y(out.Allocate(out_shape), element_count(out_shape));  // float16: float32 inside (ort/api.h)
+      kernels::grid_sample(KernelInput<T>(input).get(), KernelInput<T>(grid).get(), y.get(), shape, attributes,
+                           SessionThreads(context));
+      y.finish();
       return Ort::Status(nullptr);
     });
   }

@@ -16,11 +16,11 @@ struct Cpu {
                              const kernels::MSDeformAttnShape& s) {
     if constexpr (std::is_same_v<T, Ort::Float16_t>) {
       const int64_t samples = s.batch * s.queries * s.heads * s.levels * s.points;
-      const auto v = widened(value, s.batch * s.keys * s.heads * s.channels);
-      const auto l = widened(locations, 2 * samples), w = widened(weights, samples);
-      std::vector<float> y(static_cast<size_t>(s.batch * s.queries * s.heads * s.channels));
-      ms_deform_attn<float>(context, op, v.data(), spatial_shapes, level_start_index, l.data(), w.data(), y.data(), s);
-      narrow(y, out);
+      const KernelInput<T> v(value, s.batch * s.keys * s.heads * s.channels);
+      const KernelInput<T> l(locations, 2 * samples), w(weights, samples);
+      KernelOutput<T> y(out, s.batch * s.queries * s.heads * s.channels);
+      ms_deform_attn<float>(context, op, v.get(), spatial_shapes, level_start_index, l.get(), w.get(), y.get(), s);
+      y.finish();
     } else {
       kernels::ms_deform_attn(value, spatial_shapes, level_start_index, locations, weights, out, s,
                               SessionThreads(context));
