@@ -10,6 +10,7 @@ where nvcc is, and a CPU-only torch never loads it).
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import shutil
 import subprocess
@@ -448,3 +449,203 @@ def test_a_detr_encoder_trains_on_cuda_as_on_the_cpu():
     torch.testing.assert_close(torch.tensor(losses["cuda"]), torch.tensor(losses["cpu"]), rtol=1e-9, atol=1e-12)
     for (name, p_cpu), p_gpu in zip(cpu_model.named_parameters(), gpu_model.parameters(), strict=True):
         torch.testing.assert_close(p_gpu.cpu(), p_cpu, rtol=1e-8, atol=1e-10, msg=name)
+
+
+# --- the rotated-detection ops ----------------------------------------------------------------------------------------
+
+
+def test_every_op_has_a_cuda_kernel_or_a_refusal_that_says_what_to_do():
+    """Under a CUDA torch every opbridge op answers CUDA tensors: with the CUDA library's kernel, or (an op it lacks,
+    or no CUDA library) with a RuntimeError naming the op, the device and the way out, not the dispatcher's
+    "Could not run ... with arguments from the 'CUDA' backend"."""
+    if torch.version.cuda is None:
+        pytest.skip("a CPU-only torch cannot make CUDA tensors: there is no CUDA dispatch to fill")
+    names = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("opbridge::"))
+    assert "opbridge::nms_rotated" in names and "opbridge::roi_align_rotated_backward" in names
+    for name in names:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA"), name
+    if _extension.cuda_library is not None:  # the library covers every op: nothing is left to a refusal
+        assert [n for n in _extension.cuda_refusals if n.startswith("opbridge::")] == []
+
+
+def test_a_refusal_names_the_op_the_device_and_the_way_out():
+    if torch.version.cuda is None:
+        pytest.skip("a CPU-only torch has no CUDA dispatch key to register a refusal under")
+    library = torch.library.Library("opbridge_refusal_test", "DEF")
+    library.define("twice(Tensor x) -> Tensor")
+    library.impl("twice", lambda x: 2 * x, "CPU")
+    covered = _extension.refuse_cuda("opbridge_refusal_test", "no kernel for this test")
+    assert covered == ["opbridge_refusal_test::twice"]
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("opbridge_refusal_test::twice", "CUDA")
+    assert torch.equal(torch.ops.opbridge_refusal_test.twice(torch.ones(2)), torch.full((2,), 2.0))
+    with pytest.raises(RuntimeError, match=r"opbridge_refusal_test::twice cannot run on CUDA.*no kernel for this test"
+                       r".*tensor\.cpu\(\)"):  # fmt: skip
+        _extension.cuda_refusals["opbridge_refusal_test::twice"](torch.ones(2))
+    assert _extension.refuse_cuda("opbridge_refusal_test", "again") == []  # covered once
+
+
+def _rotated_boxes(generator, count, dtype, spread=20.0):
+    """Clustered boxes (many overlaps), angles over two turns."""
+    centers = torch.rand(max(count // 4, 1), 2, generator=generator, dtype=torch.float64) * spread
+    member = torch.arange(count) % centers.shape[0]
+    boxes = torch.cat(
+        [
+            centers[member] + torch.randn(count, 2, generator=generator, dtype=torch.float64),
+            torch.rand(count, 2, generator=generator, dtype=torch.float64) * 6 + 0.5,
+            (torch.rand(count, 1, generator=generator, dtype=torch.float64) - 0.5) * 4 * math.pi,
+        ],
+        1,
+    )
+    return boxes.to(dtype)
+
+
+_ROTATED_TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _same(actual, expected, dtype):
+    """The devices run the same double-precision functions; their libms may differ in the last bits."""
+    assert actual.device.type == "cuda" and actual.dtype == expected.dtype
+    tolerance = _ROTATED_TOLERANCE[dtype]
+    torch.testing.assert_close(actual.cpu(), expected, rtol=tolerance, atol=tolerance, equal_nan=True)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("aligned", [False, True], ids=["pairwise", "aligned"])
+def test_box_iou_rotated_matches_the_cpu_op(dtype, aligned):
+    generator = torch.Generator().manual_seed(1)
+    a = _rotated_boxes(generator, 70, torch.float64)
+    b = a[torch.randperm(70, generator=generator)] if aligned else _rotated_boxes(generator, 45, torch.float64)
+    # Degenerate rows: an identical box, a zero-size box, a NaN.
+    b[0] = a[0]
+    a[1, 2] = 0.0
+    a[2, 0] = float("nan")
+    a, b = a.to(dtype), b.to(dtype)
+    for mode in ("iou", "iof"):
+        for clockwise in (True, False):
+            expected = opbridge.box_iou_rotated(a, b, mode, aligned, clockwise)
+            _same(opbridge.box_iou_rotated(a.to(CUDA), b.to(CUDA), mode, aligned, clockwise), expected, dtype)
+    if not aligned:
+        assert opbridge.box_iou_rotated(a[:0].to(CUDA), b.to(CUDA)).shape == (0, b.shape[0])
+
+
+@needs_gpu
+@pytest.mark.parametrize("count", [1, 63, 64, 65, 300, 1000])
+@pytest.mark.parametrize("operands", ["plain", "labels", "counter_clockwise"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+def test_nms_rotated_keeps_what_the_cpu_op_keeps(count, operands, dtype):
+    generator = torch.Generator().manual_seed(count)
+    boxes = _rotated_boxes(generator, count, torch.float64, spread=4.0 * count**0.5).to(dtype)
+    scores = torch.rand(count, generator=generator, dtype=torch.float64).round(decimals=1).to(dtype)  # many ties
+    if count > 5:
+        scores[3], scores[4], scores[5] = float("nan"), 0.0, -0.0  # NaN first; -0 ties +0
+    labels = torch.randint(0, 3, (count,), generator=generator) if operands == "labels" else None
+    clockwise = operands != "counter_clockwise"
+    for threshold in (0.1, 0.5):
+        _, expected = opbridge.nms_rotated(boxes, scores, threshold, labels, clockwise)
+        dets, keep = opbridge.nms_rotated(
+            boxes.to(CUDA), scores.to(CUDA), threshold, None if labels is None else labels.to(CUDA), clockwise
+        )
+        assert keep.device.type == "cuda" and keep.dtype == torch.int64
+        assert keep.cpu().tolist() == expected.tolist()
+        assert dets.shape == (len(expected), 6)
+    assert opbridge.nms_rotated(boxes[:0].to(CUDA), scores[:0].to(CUDA), 0.5)[1].shape == (0,)
+
+
+def _forward_and_backward_match(op, features, geometry, generator):
+    """op(features, geometry) on CUDA against the CPU op: the output, and the features' gradient of a random
+    output gradient (a sum over the samples that read each pixel: the GPU adds it in another order)."""
+    dtype = features.dtype
+    x_cpu, x_gpu = features.clone().requires_grad_(), features.to(CUDA).requires_grad_()
+    out_cpu, out_gpu = op(x_cpu, geometry), op(x_gpu, geometry.to(CUDA))
+    tolerance = _ROTATED_TOLERANCE[dtype] * 4
+    torch.testing.assert_close(out_gpu.detach().cpu(), out_cpu.detach(), rtol=tolerance, atol=tolerance, equal_nan=True)
+    grad = torch.randn(out_cpu.shape, generator=generator, dtype=torch.float64).to(dtype)
+    (grad_cpu,) = torch.autograd.grad(out_cpu, x_cpu, grad)
+    (grad_gpu,) = torch.autograd.grad(out_gpu, x_gpu, grad.to(CUDA))
+    torch.testing.assert_close(grad_gpu.cpu(), grad_cpu, rtol=tolerance, atol=tolerance)
+
+
+def _roi_inputs(generator, dtype, batch=2, channels=5, height=9, width=11, count=13):
+    features = torch.randn(batch, channels, height, width, generator=generator, dtype=torch.float64)
+    rois = torch.cat(
+        [
+            torch.randint(0, batch, (count, 1), generator=generator).to(torch.float64),
+            torch.rand(count, 1, generator=generator, dtype=torch.float64) * (width + 4) - 2,
+            torch.rand(count, 1, generator=generator, dtype=torch.float64) * (height + 4) - 2,
+            torch.rand(count, 2, generator=generator, dtype=torch.float64) * 12 + 0.2,
+            (torch.rand(count, 1, generator=generator, dtype=torch.float64) - 0.5) * 4 * math.pi,
+        ],
+        1,
+    )
+    return features.to(dtype), rois.to(dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+@pytest.mark.parametrize(("ratio", "aligned", "clockwise"), [(2, True, False), (0, True, True), (0, False, False)])
+def test_roi_align_rotated_forward_and_backward_match_the_cpu_op(dtype, ratio, aligned, clockwise):
+    generator = torch.Generator().manual_seed(2)
+    features, rois = _roi_inputs(generator, dtype)
+    rois[4, 3] = float("nan")  # a NaN roi: NaN output, no gradient
+    args = dict(output_size=(3, 2), spatial_scale=0.75, sampling_ratio=ratio, aligned=aligned, clockwise=clockwise)
+    _forward_and_backward_match(lambda x, r: opbridge.roi_align_rotated(x, r, **args), features, rois, generator)
+    # rois beside float16 features may stay float32 (the precise input)
+    if dtype == torch.float16:
+        mixed = opbridge.roi_align_rotated(features.to(CUDA), rois.float().to(CUDA), **args)
+        assert mixed.dtype == torch.float16
+
+
+@needs_gpu
+def test_roi_align_rotated_checks_rois_on_cuda():
+    generator = torch.Generator().manual_seed(3)
+    features, rois = _roi_inputs(generator, torch.float32)
+    rois[2, 0] = 5  # batch 2: no image 5
+    with pytest.raises(RuntimeError, match=r"rois\[2, 0\] \(the batch index\) must be an integer in \[0, 2\)"):
+        opbridge.roi_align_rotated(features.to(CUDA), rois.to(CUDA), 2)
+    with pytest.raises(RuntimeError, match="one device"):
+        opbridge.roi_align_rotated(features.to(CUDA), rois, 2)
+    assert opbridge.roi_align_rotated(features.to(CUDA), rois[:0].to(CUDA), 2).shape == (0, 5, 2, 2)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+@pytest.mark.parametrize("points", [1, 5])
+def test_rotated_feature_align_forward_and_backward_match_the_cpu_op(dtype, points):
+    generator = torch.Generator().manual_seed(4)
+    n, c, h, w = 2, 4, 7, 9
+    features = torch.randn(n, c, h, w, generator=generator, dtype=torch.float64).to(dtype)
+    boxes = torch.cat(
+        [
+            torch.rand(n, h, w, 2, generator=generator, dtype=torch.float64) * 80 - 8,
+            torch.rand(n, h, w, 2, generator=generator, dtype=torch.float64) * 40,
+            (torch.rand(n, h, w, 1, generator=generator, dtype=torch.float64) - 0.5) * 6,
+        ],
+        3,
+    ).to(dtype)
+    boxes[1, 2, 3, 1] = float("inf")
+    _forward_and_backward_match(
+        lambda x, b: opbridge.rotated_feature_align(x, b, 1 / 8, points), features, boxes, generator
+    )
+
+
+@needs_gpu
+def test_rotated_ops_gradcheck_opcheck_and_determinism_on_cuda():
+    generator = torch.Generator().manual_seed(5)
+    features, rois = _roi_inputs(generator, torch.float64, batch=1, channels=2, height=5, width=6, count=3)
+    x = features.to(CUDA).requires_grad_()
+    roi_args = (rois.to(CUDA), 2, 1.0, 2, True, False)
+    torch.autograd.gradcheck(lambda t: torch.ops.opbridge.roi_align_rotated(t, *roi_args), (x,))
+    torch.library.opcheck(torch.ops.opbridge.roi_align_rotated, (x, *roi_args))
+    boxes = torch.rand(1, 5, 6, 5, generator=generator, dtype=torch.float64).to(CUDA) * 30
+    torch.autograd.gradcheck(lambda t: opbridge.rotated_feature_align(t, boxes, 1 / 8, 5), (x,))
+    torch.library.opcheck(torch.ops.opbridge.rotated_feature_align, (x, boxes, 0.125, 5))
+    previous = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        with pytest.raises(RuntimeError, match="atomic"):
+            opbridge.roi_align_rotated(x, rois.to(CUDA), 2).sum().backward()
+        with pytest.raises(RuntimeError, match="atomic"):
+            opbridge.rotated_feature_align(x, boxes).sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(previous)

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kernels/broadcast.h"
+#include "kernels/device.h"
 
 namespace opbridge::kernels {
 
@@ -43,7 +44,7 @@ struct Polygon {
 constexpr double kMinArea = 1e-14;
 
 template <class T>
-Polygon prepare(const T* box, bool clockwise) {
+OPBRIDGE_HD Polygon prepare(const T* box, bool clockwise) {
   Polygon p;
   const double cx = box[0], cy = box[1], w = box[2], h = box[3];
   const double angle = clockwise ? static_cast<double>(box[4]) : -static_cast<double>(box[4]);
@@ -65,8 +66,8 @@ Polygon prepare(const T* box, bool clockwise) {
 // Twice the signed area swept by the part of polygon a's boundary inside polygon b (both given by corners
 // relative to a common origin): the sum of cross(p, q) over the pieces. `owns_shared` says whether a piece
 // lying on one of b's edges, running the same way, counts (see the file comment).
-inline double boundary_inside(const double (&ax)[4], const double (&ay)[4], const double (&bx)[4],
-                              const double (&by)[4], bool owns_shared, double tolerance) {
+OPBRIDGE_HD inline double boundary_inside(const double (&ax)[4], const double (&ay)[4], const double (&bx)[4],
+                                          const double (&by)[4], bool owns_shared, double tolerance) {
   double twice = 0;
   for (int i = 0; i < 4; ++i) {
     const int i1 = (i + 1) & 3;
@@ -103,7 +104,7 @@ inline double boundary_inside(const double (&ax)[4], const double (&ay)[4], cons
 }
 
 // area(a n b); both polygons finite with positive areas.
-inline double intersection_area(const Polygon& a, const Polygon& b) {
+OPBRIDGE_HD inline double intersection_area(const Polygon& a, const Polygon& b) {
   const double ox = b.cx - a.cx, oy = b.cy - a.cy;
   if (ox * ox + oy * oy >= (a.radius + b.radius) * (a.radius + b.radius)) return 0;  // the circumcircles are apart
   double bx[4], by[4];
@@ -119,7 +120,7 @@ inline double intersection_area(const Polygon& a, const Polygon& b) {
 }
 
 // mode 0: iou, 1: iof (the intersection over a's area).
-inline double overlap(const Polygon& a, const Polygon& b, int64_t mode) {
+OPBRIDGE_HD inline double overlap(const Polygon& a, const Polygon& b, int64_t mode) {
   if (!a.finite || !b.finite) return std::numeric_limits<double>::quiet_NaN();
   if (!(a.area >= kMinArea) || !(b.area >= kMinArea)) return 0;
   const double inter = intersection_area(a, b);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/broadcast.h"
+#include "kernels/device.h"
 
 namespace opbridge::kernels {
 
@@ -93,7 +94,7 @@ struct Sample {
 // The sampling grid of a roi: sampling_ratio x sampling_ratio, or (adaptive, sampling_ratio <= 0) ceil(size /
 // output size) per dimension, clamped before the conversion (a huge roi's count does not fit in int64; above
 // the limit check_samples refuses it).
-inline void set_grid(Roi& r, int64_t sampling_ratio, int64_t pooled_height, int64_t pooled_width) {
+OPBRIDGE_HD inline void set_grid(Roi& r, int64_t sampling_ratio, int64_t pooled_height, int64_t pooled_width) {
   if (sampling_ratio > 0) {
     r.grid_h = r.grid_w = sampling_ratio;
   } else if (r.finite) {
@@ -105,7 +106,7 @@ inline void set_grid(Roi& r, int64_t sampling_ratio, int64_t pooled_height, int6
 }
 
 template <class T>
-Roi read_roi(const T* roi, const RoiAlignRotatedAttributes& a) {
+OPBRIDGE_HD Roi read_roi(const T* roi, const RoiAlignRotatedAttributes& a) {
   Roi r;
   const double offset = a.aligned ? 0.5 : 0.0;
   r.cx = roi[1] * a.spatial_scale - offset;
@@ -144,7 +145,7 @@ inline Status check_samples(const RoiAlignRotatedNames& names, int64_t k, const 
           "sampling_ratio > 0 or rois on the feature map's scale"};
 }
 
-inline Sample bilinear(double y, double x, int64_t height, int64_t width) {
+OPBRIDGE_HD inline Sample bilinear(double y, double x, int64_t height, int64_t width) {
   Sample s;
   if (!(y >= -1.0 && y <= height && x >= -1.0 && x <= width) || height <= 0 || width <= 0) return s;
   s.inside = true;
@@ -171,21 +172,37 @@ inline Sample bilinear(double y, double x, int64_t height, int64_t width) {
   return s;
 }
 
-// The samples of every bin of a roi, bin-major ([PH * PW][grid]), and each bin's divisor.
+// Sample (iy, ix) of bin (i, j) of roi r: the one place its position is computed (CPU and CUDA kernels).
+OPBRIDGE_HD inline Sample sample_at(const Roi& r, const RoiAlignRotatedShape& shape, int64_t i, int64_t j, int64_t iy,
+                                    int64_t ix) {
+  const double bin_h = r.h / shape.pooled_height, bin_w = r.w / shape.pooled_width;
+  const double yy = -0.5 * r.h + i * bin_h + (iy + 0.5) * bin_h / r.grid_h;
+  const double xx = -0.5 * r.w + j * bin_w + (ix + 0.5) * bin_w / r.grid_w;
+  return bilinear(yy * r.cos_t - xx * r.sin_t + r.cy, yy * r.sin_t + xx * r.cos_t + r.cx, shape.height, shape.width);
+}
+
+// A sample's value in one map (0 outside).
+template <class T>
+OPBRIDGE_HD double sample_value(const Sample& s, const T* map) {
+  if (!s.inside) return 0;
+  return s.weight[0] * map[s.index[0]] + s.weight[1] * map[s.index[1]] + s.weight[2] * map[s.index[2]] +
+         s.weight[3] * map[s.index[3]];
+}
+
+// A roi's grid size as the divisor of its bins' sums (1 for an empty grid).
+OPBRIDGE_HD inline double bin_divisor(const Roi& r) {
+  return static_cast<double>(r.grid_h * r.grid_w > 1 ? r.grid_h * r.grid_w : 1);
+}
+
+// The samples of every bin of a roi, bin-major ([PH * PW][grid]).
 inline void roi_samples(const Roi& r, const RoiAlignRotatedShape& shape, std::vector<Sample>& samples) {
   const int64_t grid = r.grid_h * r.grid_w;
   samples.assign(static_cast<size_t>(shape.pooled_height * shape.pooled_width * grid), Sample{});
-  const double bin_h = r.h / shape.pooled_height, bin_w = r.w / shape.pooled_width;
   Sample* s = samples.data();
   for (int64_t i = 0; i < shape.pooled_height; ++i) {
     for (int64_t j = 0; j < shape.pooled_width; ++j) {
       for (int64_t iy = 0; iy < r.grid_h; ++iy) {
-        const double yy = -0.5 * r.h + i * bin_h + (iy + 0.5) * bin_h / r.grid_h;
-        for (int64_t ix = 0; ix < r.grid_w; ++ix) {
-          const double xx = -0.5 * r.w + j * bin_w + (ix + 0.5) * bin_w / r.grid_w;
-          *s++ = bilinear(yy * r.cos_t - xx * r.sin_t + r.cy, yy * r.sin_t + xx * r.cos_t + r.cx, shape.height,
-                          shape.width);
-        }
+        for (int64_t ix = 0; ix < r.grid_w; ++ix) *s++ = sample_at(r, shape, i, j, iy, ix);
       }
     }
   }
@@ -226,17 +243,13 @@ void roi_align_rotated(const T* input, const std::vector<roi_align_rotated_detai
     std::vector<Sample> samples;
     roi_samples(r, shape, samples);
     const int64_t grid = r.grid_h * r.grid_w;
-    const double divisor = static_cast<double>(std::max<int64_t>(grid, 1));
+    const double divisor = bin_divisor(r);
     for (int64_t c = 0; c < shape.channels; ++c) {
       const T* map = input + (r.batch * shape.channels + c) * plane;
       for (int64_t bin = 0; bin < bins; ++bin) {
         double sum = 0;
         const Sample* s = samples.data() + bin * grid;
-        for (int64_t g = 0; g < grid; ++g, ++s) {
-          if (!s->inside) continue;
-          sum += s->weight[0] * map[s->index[0]] + s->weight[1] * map[s->index[1]] + s->weight[2] * map[s->index[2]] +
-                 s->weight[3] * map[s->index[3]];
-        }
+        for (int64_t g = 0; g < grid; ++g, ++s) sum += sample_value(*s, map);
         y[c * bins + bin] = static_cast<T>(sum / divisor);
       }
     }
@@ -260,7 +273,7 @@ void roi_align_rotated_backward(const T* grad_output, const std::vector<roi_alig
       if (!r.finite) continue;  // a NaN output: its gradient reaches no pixel
       roi_samples(r, shape, samples);
       const int64_t grid = r.grid_h * r.grid_w;
-      const double divisor = static_cast<double>(std::max<int64_t>(grid, 1));
+      const double divisor = bin_divisor(r);
       for (int64_t c = c_begin; c < c_end; ++c) {
         T* map = grad_input + (r.batch * shape.channels + c) * plane;
         const T* g = grad_output + (k * shape.channels + c) * bins;

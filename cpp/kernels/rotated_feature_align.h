@@ -61,6 +61,27 @@ namespace rotated_feature_align_detail {
 
 using roi_align_rotated_detail::bilinear;
 using roi_align_rotated_detail::Sample;
+using roi_align_rotated_detail::sample_value;
+
+// The samples of one pixel (`points` of them) from its box; false where the box has a NaN or infinite number.
+template <class T>
+OPBRIDGE_HD bool box_samples(const T* box, int64_t points, int64_t height, int64_t width, double scale, Sample* out) {
+  const double y = box[0] * scale, x = box[1] * scale, w = box[2] * scale, h = box[3] * scale;
+  const double angle = box[4];
+  if (!(std::isfinite(y) && std::isfinite(x) && std::isfinite(w) && std::isfinite(h) && std::isfinite(angle))) {
+    return false;
+  }
+  out[0] = bilinear(y, x, height, width);
+  if (points == 5) {
+    const double c = std::cos(angle), sn = std::sin(angle);
+    const double wx = c * w / 2, wy = sn * w / 2, hx = -sn * h / 2, hy = c * h / 2;
+    out[1] = bilinear(y + wy + hy, x + wx + hx, height, width);
+    out[2] = bilinear(y - wy + hy, x - wx + hx, height, width);
+    out[3] = bilinear(y - wy - hy, x - wx - hx, height, width);
+    out[4] = bilinear(y + wy - hy, x + wx - hx, height, width);
+  }
+  return true;
+}
 
 // The samples of every pixel of image n: [H * W][points]; `finite[pixel]` false where the box is not.
 template <class T>
@@ -70,23 +91,7 @@ void pixel_samples(const T* boxes, const RotatedFeatureAlignShape& s, double sca
   samples.assign(static_cast<size_t>(pixels * s.points), Sample{});
   finite.assign(static_cast<size_t>(pixels), 1);
   for (int64_t p = 0; p < pixels; ++p) {
-    const T* box = boxes + 5 * p;
-    const double y = box[0] * scale, x = box[1] * scale, w = box[2] * scale, h = box[3] * scale;
-    const double angle = box[4];
-    if (!(std::isfinite(y) && std::isfinite(x) && std::isfinite(w) && std::isfinite(h) && std::isfinite(angle))) {
-      finite[p] = 0;
-      continue;
-    }
-    Sample* out = samples.data() + p * s.points;
-    out[0] = bilinear(y, x, s.height, s.width);
-    if (s.points == 5) {
-      const double c = std::cos(angle), sn = std::sin(angle);
-      const double wx = c * w / 2, wy = sn * w / 2, hx = -sn * h / 2, hy = c * h / 2;
-      out[1] = bilinear(y + wy + hy, x + wx + hx, s.height, s.width);
-      out[2] = bilinear(y - wy + hy, x - wx + hx, s.height, s.width);
-      out[3] = bilinear(y - wy - hy, x - wx - hx, s.height, s.width);
-      out[4] = bilinear(y + wy - hy, x + wx - hx, s.height, s.width);
-    }
+    finite[p] = box_samples(boxes + 5 * p, s.points, s.height, s.width, scale, samples.data() + p * s.points);
   }
 }
 
@@ -111,10 +116,7 @@ void rotated_feature_align(const T* features, const T* boxes, T* out, const Rota
         }
         double value = map[p];
         const Sample* sample = samples.data() + p * s.points;
-        for (int64_t i = 0; i < s.points; ++i, ++sample) {
-          if (!sample->inside) continue;
-          for (int corner = 0; corner < 4; ++corner) value += sample->weight[corner] * map[sample->index[corner]];
-        }
+        for (int64_t i = 0; i < s.points; ++i) value += sample_value(sample[i], map);
         y[p] = static_cast<T>(value);
       }
     });

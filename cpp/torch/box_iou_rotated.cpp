@@ -1,8 +1,6 @@
 // opbridge::box_iou_rotated: the overlaps of rotated boxes (mmcv's box_iou_rotated), CPU adapter of
 // kernels/box_iou_rotated.h. mode 0 is IoU, 1 IoF (python/opbridge/ops/box_iou_rotated.py takes the names).
-#include "kernels/box_iou_rotated.h"
-
-#include "torch/api.h"
+#include "torch/box_iou_rotated.h"
 
 OPBRIDGE_LIBRARY_FRAGMENT(m) {
   m.def("box_iou_rotated(Tensor boxes1, Tensor boxes2, int mode=0, bool aligned=False, bool clockwise=True) -> Tensor");
@@ -17,18 +15,11 @@ Tensor box_iou_rotated_cpu(const Tensor& boxes1, const Tensor& boxes2, int64_t m
   constexpr const char* kOp = "opbridge::box_iou_rotated";
   OPBRIDGE_CHECK(api::is_cpu(boxes1) && api::is_cpu(boxes2), kOp, ": expected CPU tensors, got boxes1 on ",
                  api::device_name(boxes1), " and boxes2 on ", api::device_name(boxes2));
+  const auto shape = rotated_op::checked_box_iou(kOp, boxes1, boxes2, mode, aligned);
   const auto dtype = boxes1.scalar_type();
-  OPBRIDGE_CHECK(dtype == boxes2.scalar_type(), kOp, ": boxes1 and boxes2 must have the same dtype, got ",
-                 api::dtype_name(dtype), " and ", api::dtype_name(boxes2.scalar_type()));
-  OPBRIDGE_CHECK(api::is_float_storage(dtype), kOp, ": expected ", api::kFloatStorageNames, " boxes, got ",
-                 api::dtype_name(dtype));
   if (api::is_half(dtype)) {  // half storage: the geometry in float32, the IoUs rounded once
     return api::to(box_iou_rotated_cpu(api::widened(boxes1), api::widened(boxes2), mode, aligned, clockwise), dtype);
   }
-  kernels::BoxIouRotatedShape shape;
-  const auto status = kernels::check_box_iou_rotated(kOp, "boxes1", api::sizes(boxes1), "boxes2", api::sizes(boxes2),
-                                                     mode, aligned, shape);
-  OPBRIDGE_CHECK(status.ok(), status.message);
   auto out = aligned ? api::empty({shape.rows}, dtype) : api::empty({shape.rows, shape.cols}, dtype);
   if (out.numel() == 0) return out;
   const auto a = api::contiguous(boxes1), b = api::contiguous(boxes2);

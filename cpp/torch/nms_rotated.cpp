@@ -5,8 +5,7 @@
 #include <optional>
 #include <vector>
 
-#include "kernels/nms_rotated.h"
-#include "torch/api.h"
+#include "torch/box_iou_rotated.h"
 
 OPBRIDGE_LIBRARY_FRAGMENT(m) {
   m.def(
@@ -25,21 +24,11 @@ Tensor nms_rotated_cpu(const Tensor& boxes, const Tensor& scores, double iou_thr
   OPBRIDGE_CHECK(api::is_cpu(boxes) && api::is_cpu(scores) && (!labels || api::is_cpu(*labels)), kOp,
                  ": expected CPU tensors, got boxes on ", api::device_name(boxes), " and scores on ",
                  api::device_name(scores));
+  const int64_t count = rotated_op::checked_nms(kOp, boxes, scores, labels);
   const auto dtype = boxes.scalar_type();
-  OPBRIDGE_CHECK(dtype == scores.scalar_type(), kOp, ": boxes and scores must have the same dtype, got ",
-                 api::dtype_name(dtype), " and ", api::dtype_name(scores.scalar_type()));
-  OPBRIDGE_CHECK(!labels || api::is_integral(labels->scalar_type()), kOp, ": labels must be an integer tensor, got ",
-                 api::dtype_name(labels ? labels->scalar_type() : dtype));
-  OPBRIDGE_CHECK(api::is_float_storage(dtype), kOp, ": expected ", api::kFloatStorageNames, " boxes and scores, got ",
-                 api::dtype_name(dtype));
   if (api::is_half(dtype)) {  // half storage: the overlaps computed in float32
     return nms_rotated_cpu(api::widened(boxes), api::widened(scores), iou_threshold, labels, clockwise);
   }
-  const auto label_shape = labels ? api::sizes(*labels) : std::vector<int64_t>{};
-  int64_t count = 0;
-  const auto status =
-      kernels::check_nms_rotated(kOp, api::sizes(boxes), api::sizes(scores), labels ? &label_shape : nullptr, count);
-  OPBRIDGE_CHECK(status.ok(), status.message);
   std::vector<int64_t> keep;
   if (count > 0) {
     const auto b = api::contiguous(boxes), s = api::contiguous(scores);

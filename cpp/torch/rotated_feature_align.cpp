@@ -1,8 +1,6 @@
 // opbridge::rotated_feature_align: S2A-Net's / R3Det's feature refinement (mmcv's rotated_feature_align) and its
 // backward (the gradient of the features; the boxes get none), CPU adapters of kernels/rotated_feature_align.h.
-#include "kernels/rotated_feature_align.h"
-
-#include "torch/api.h"
+#include "torch/rotated_feature_align.h"
 
 OPBRIDGE_LIBRARY_FRAGMENT(m) {
   m.def("rotated_feature_align(Tensor features, Tensor best_rboxes, float spatial_scale, int points=1) -> Tensor");
@@ -17,21 +15,12 @@ namespace {
 using api::Tensor;
 namespace k = kernels;
 
+// CPU tensors only here (the CUDA adapter is cpp/cuda/rotated_feature_align.cu).
 k::RotatedFeatureAlignShape checked(const char* op, const char* features_name, const Tensor& features,
                                     const Tensor& boxes, double spatial_scale, int64_t points) {
   OPBRIDGE_CHECK(api::is_cpu(features) && api::is_cpu(boxes), op, ": expected CPU tensors, got ", features_name, " on ",
                  api::device_name(features), " and best_rboxes on ", api::device_name(boxes));
-  const auto dtype = features.scalar_type();
-  OPBRIDGE_CHECK(api::is_float_storage(dtype), op, ": expected ", api::kFloatStorageNames, " ", features_name, ", got ",
-                 api::dtype_name(dtype));
-  OPBRIDGE_CHECK(api::pairs_with(dtype, boxes.scalar_type()), op, ": best_rboxes must have the dtype of ",
-                 features_name, " (", api::dtype_name(dtype), ")", api::is_half(dtype) ? " or float32" : "", ", got ",
-                 api::dtype_name(boxes.scalar_type()));
-  k::RotatedFeatureAlignShape shape;
-  const auto status = k::check_rotated_feature_align({op, features_name, "best_rboxes"}, api::sizes(features),
-                                                     api::sizes(boxes), spatial_scale, points, shape);
-  OPBRIDGE_CHECK(status.ok(), status.message);
-  return shape;
+  return rotated_feature_align_op::checked(op, features_name, features, boxes, spatial_scale, points);
 }
 
 const auto parallel_for = [](int64_t tasks, const auto& task) { api::parallel_for(tasks, task); };

@@ -90,7 +90,10 @@ def _load_cuda(build_info: ModuleType) -> None:
     torch: a CPU-only torch never loads it. A library that fails to load leaves the CPU ops working and says why."""
     global cuda_library
     name = getattr(build_info, "CUDA_LIBRARY", "")
-    if not name or torch.version.cuda is None:
+    if torch.version.cuda is None:
+        return
+    if not name:
+        refuse_cuda("opbridge", "this opbridge was built without its CUDA library (no CUDA compiler at build time)")
         return
     path = os.path.join(os.path.dirname(build_info.__file__), name)
     try:
@@ -102,5 +105,40 @@ def _load_cuda(build_info: ModuleType) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+        refuse_cuda("opbridge", f"its CUDA library failed to load: {error}")
         return
     cuda_library = path
+    refuse_cuda("opbridge", "this opbridge's CUDA library has no kernel for it")
+
+
+#: The CUDA kernels that only refuse, by op name (see refuse_cuda).
+cuda_refusals: dict[str, object] = {}
+_refusing_libraries: list[torch.library.Library] = []
+
+
+def refuse_cuda(namespace: str, reason: str) -> list[str]:
+    """Gives every op of `namespace` without a CUDA kernel one that raises a RuntimeError naming the op, the device
+    and what to do, in place of the dispatcher's "Could not run ... with arguments from the 'CUDA' backend" (which
+    tells a user nothing). Returns the ops it covered."""
+    covered = []
+    library = None
+    for qualified in sorted(torch._C._dispatch_get_all_op_names()):
+        op_namespace, _, name = qualified.partition("::")
+        if op_namespace != namespace or torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CUDA"):
+            continue
+        if library is None:
+            library = torch.library.Library(namespace, "IMPL")
+            _refusing_libraries.append(library)
+
+        def refuse(*args, _qualified=qualified, **kwargs):
+            devices = sorted({str(a.device) for a in args if isinstance(a, torch.Tensor)})
+            raise RuntimeError(
+                f"{_qualified} cannot run on CUDA tensors (got tensors on {', '.join(devices) or 'cuda'}): {reason}. "
+                "Move its inputs to the CPU (tensor.cpu()) and the result back (.cuda()), or install an opbridge "
+                "built with its CUDA library (docs/packaging.md: built where nvcc is found)."
+            )
+
+        library.impl(name, refuse, "CUDA")
+        cuda_refusals[qualified] = refuse
+        covered.append(qualified)
+    return covered

@@ -1,8 +1,9 @@
 """Overlaps of rotated boxes: opbridge::box_iou_rotated (mmcv's ``box_iou_rotated``).
 
 The op's pieces, each named after it: the kernel (cpp/kernels/box_iou_rotated.h, the exact intersection of two
-rotated rectangles, shared with nms_rotated), its schema and CPU adapter (cpp/torch/box_iou_rotated.cpp), its ORT
-adapter (cpp/ort/box_iou_rotated.cc, ``opbridge::BoxIouRotated``), and this module.
+rotated rectangles, shared with nms_rotated), its schema and CPU adapter (cpp/torch/box_iou_rotated.cpp), its CUDA
+adapter (cpp/cuda/box_iou_rotated.cu), its ORT adapter (cpp/ort/box_iou_rotated.cc, ``opbridge::BoxIouRotated``),
+and this module.
 
 Lowerings: ``custom``, one ``opbridge::BoxIouRotated`` node (any opset); ``standard``, the same intersection from
 standard ops (opset >= 11): each edge of one box clipped against the other box's four half-planes, the clipped
@@ -51,10 +52,11 @@ def box_iou_rotated(
     Raises:
         TypeError: a box set is not a tensor.
         ValueError: ``mode`` is not "iou" or "iof".
-        RuntimeError: shapes are not ``[*, 5]``, dtypes differ or are not float32/float64, a tensor is not on the
-            CPU, or ``aligned`` with different box counts.
+        RuntimeError: shapes are not ``[*, 5]``, dtypes differ or are not float32/float64/float16/bfloat16, the
+            tensors are on different devices, or ``aligned`` with different box counts.
 
-    Exact polygon intersection, computed in float64 whatever the dtype. Not differentiable (like mmcv's).
+    Exact polygon intersection, computed in float64 whatever the dtype, on the CPU and on CUDA (the same
+    functions). Not differentiable (like mmcv's).
     Exports to one ``opbridge::BoxIouRotated`` node or to standard ops (opset >= 11; see :mod:`opbridge.onnx`).
     """
     if not torch.jit.is_scripting():

@@ -1,7 +1,8 @@
 """Non-maximum suppression of rotated boxes: opbridge::nms_rotated (mmcv's ``nms_rotated``).
 
 The op's pieces, each named after it: the kernel (cpp/kernels/nms_rotated.h, on box_iou_rotated.h's exact
-intersection), its schema and CPU adapter (cpp/torch/nms_rotated.cpp), its ORT adapter (cpp/ort/nms_rotated.cc:
+intersection), its schema and CPU adapter (cpp/torch/nms_rotated.cpp), its CUDA adapter
+(cpp/cuda/nms_rotated.cu), its ORT adapter (cpp/ort/nms_rotated.cc:
 ``opbridge::NmsRotated``, and ``mmdeploy::NMSRotated``, the node mmdeploy's exporter writes for mmrotate's
 detectors), and this module.
 
@@ -53,8 +54,11 @@ def nms_rotated(
 
     Raises:
         TypeError: boxes or scores is not a tensor, labels not a tensor or None, iou_threshold not a number.
-        RuntimeError: shapes disagree, dtypes differ or are not float32/float64, labels are not integers, or a
-            tensor is not on the CPU.
+        RuntimeError: shapes disagree, dtypes differ or are not float32/float64/float16/bfloat16, labels are not
+            integers, or the tensors are on different devices.
+
+    On CUDA the suppression runs on the GPU (a bitmask of the overlapping pairs and the greedy pass over it, as
+    torchvision's ``nms``; the same IoU and order as on the CPU); the host waits once for the number kept.
 
     mmcv's CPU kernel suppresses at IoU >= iou_threshold; its CUDA kernel and mmdeploy's NMSRotated at
     IoU > iou_threshold, as here (the two differ only for an IoU exactly at the threshold). Not

@@ -2,7 +2,8 @@
 input.
 
 The op's pieces, each named after it: the kernel (cpp/kernels/roi_align_rotated.h: forward and backward), its
-schema and CPU adapters (cpp/torch/roi_align_rotated.cpp), its ORT adapter (cpp/ort/roi_align_rotated.cc:
+schema and CPU adapters (cpp/torch/roi_align_rotated.cpp), its CUDA adapters (cpp/cuda/roi_align_rotated.cu), its ORT
+adapter (cpp/ort/roi_align_rotated.cc:
 ``opbridge::RoiAlignRotated``, and ``mmcv::MMCVRoIAlignRotated`` / ``mmdeploy::MMCVRoIAlignRotated``, the nodes
 mmcv's and mmdeploy's exporters write), and this module.
 
@@ -69,10 +70,14 @@ def roi_align_rotated(
     Raises:
         TypeError: input or rois is not a tensor, output_size not an int or a pair of ints.
         ValueError: an output size below 1, or a spatial_scale that is not a positive finite number.
-        RuntimeError: shapes disagree, dtypes differ or are not float32/float64, a batch index is not an integer in
-            [0, N), or a tensor is not on the CPU.
+        RuntimeError: shapes disagree, dtypes are not float32/float64/float16/bfloat16 or do not pair, a batch
+            index is not an integer in [0, N), or the tensors are on different devices.
 
-    Differentiable in ``input`` (deterministic C++ backward; rois get no gradient, as in mmcv). Exports to one
+    Runs on the CPU and on CUDA (the same double-precision sample positions). The rois are checked on the host:
+    on CUDA each call copies them there once (a wrong batch index is a RuntimeError, not a read out of bounds;
+    that copy keeps the op out of CUDA graphs). Differentiable in ``input`` (deterministic backward on the CPU;
+    on CUDA the gradient is added with atomics, see ``torch.use_deterministic_algorithms``; rois get no
+    gradient, as in mmcv). Exports to one
     ``opbridge::RoiAlignRotated`` node or to standard ops (opset >= 11; see :mod:`opbridge.onnx`).
     """
     if not torch.jit.is_scripting():
@@ -127,6 +132,7 @@ def _backward(ctx, grad: Tensor):
     input, rois = ctx.saved_tensors
     grad_input = None
     if ctx.needs_input_grad[0]:
+        _checks.alert_not_deterministic("opbridge::roi_align_rotated_backward", input)
         grad_input = torch.ops.opbridge.roi_align_rotated_backward(grad, input, rois, *ctx.attributes)
     return (grad_input, None, None, None, None, None, None, None)
 

@@ -2,7 +2,8 @@
 R3Det's feature refinement), differentiable in its features.
 
 The op's pieces, each named after it: the kernel (cpp/kernels/rotated_feature_align.h), its schema and CPU
-adapters (cpp/torch/rotated_feature_align.cpp), its ORT adapter (cpp/ort/rotated_feature_align.cc:
+adapters (cpp/torch/rotated_feature_align.cpp), its CUDA adapters (cpp/cuda/rotated_feature_align.cu), its ORT
+adapter (cpp/ort/rotated_feature_align.cc:
 ``opbridge::RotatedFeatureAlign``, and ``mmcv::MMCVRotatedFeatureAlign``, the node mmcv's symbolic writes), and
 this module.
 
@@ -49,9 +50,12 @@ def rotated_feature_align(
     Raises:
         TypeError: features or best_rboxes is not a tensor, spatial_scale not a number.
         ValueError: points not 1 or 5, spatial_scale not a positive finite number.
-        RuntimeError: shapes disagree, dtypes differ or are not float32/float64, a tensor is not on the CPU.
+        RuntimeError: shapes disagree, dtypes are not float32/float64/float16/bfloat16 or do not pair, or the
+            tensors are on different devices.
 
-    Differentiable in ``features`` (the boxes get no gradient, as in mmcv). Exports to one
+    Runs on the CPU and on CUDA (the same double-precision sample positions). Differentiable in ``features``
+    (deterministic backward on the CPU; on CUDA the gradient is added with atomics, see
+    ``torch.use_deterministic_algorithms``; the boxes get no gradient, as in mmcv). Exports to one
     ``opbridge::RotatedFeatureAlign`` node or to standard ops (opset >= 11; see :mod:`opbridge.onnx`).
     """
     if not torch.jit.is_scripting():
@@ -103,6 +107,7 @@ def _backward(ctx, grad: Tensor):
     (best_rboxes,) = ctx.saved_tensors
     grad_features = None
     if ctx.needs_input_grad[0]:
+        _checks.alert_not_deterministic("opbridge::rotated_feature_align_backward", grad)
         grad_features = torch.ops.opbridge.rotated_feature_align_backward(grad, best_rboxes, *ctx.geometry)
     return grad_features, None, None, None
 
