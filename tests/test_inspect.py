@@ -102,3 +102,34 @@ def test_mmcv_nodes_run_with_the_library(tmp_path):
     result = _run("-m", "opbridge_ort", "inspect", str(path), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "mmdeploy node run by the opbridge library" in result.stdout
+
+
+def test_inspect_says_which_nodes_run_on_the_cuda_provider(tmp_path):
+    """The CUDA column: the library's CUDA nodes (read from libopbridge_ort_cuda.so) yes, its CPU-only nodes no,
+    standard ops by onnxruntime's own CUDA kernels (unknown to a CPU-only onnxruntime: '?')."""
+    import onnxruntime
+
+    from opbridge_ort.inspect import inspect_model
+
+    nodes = [
+        helper.make_node("grid_sampler", ["x", "g"], ["s"], domain="mmcv"),
+        helper.make_node("NmsRotated", ["b", "sc"], ["keep"], domain="opbridge"),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("x", "g", "b", "sc")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "keep")],
+    )
+    imports = [helper.make_opsetid(d, v) for d, v in (("", 17), ("mmcv", 1), ("opbridge", 1))]
+    _, reports = inspect_model(helper.make_model(graph, opset_imports=imports))
+    cuda = {(r.domain, r.op_type): r.cuda for r in reports}
+    has_cuda_library = opbridge_ort.cuda_library_path() is not None
+    assert cuda[("mmcv", "grid_sampler")] == ("yes" if has_cuda_library else "no")
+    assert cuda[("opbridge", "NmsRotated")] == "no"
+    assert cuda[("", "Relu")] == ("yes" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "?")
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=imports), str(path))
+    result = _run("-m", "opbridge_ort", "inspect", str(path), cwd=tmp_path)
+    assert "CUDA" in result.stdout.splitlines()[4] and "CUDA: whether the node runs" in result.stdout, result.stdout

@@ -225,3 +225,155 @@ def test_deform_conv2d_bad_shapes_are_an_error_status_on_the_cuda_ep():
     model = _model("DeformConv2d", "opbridge", inputs, TensorProto.FLOAT, attributes)
     with pytest.raises(Exception, match=r"DeformConv2d.*offset"):
         _run(model, dict(inputs), cuda=True)
+
+
+# --- grid_sampler (mmcv's and mmdeploy's node for grid_sample) ------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA compiler) where opbridge_ort was built")
+def test_the_ort_cuda_library_registers_its_nodes_and_inspect_sees_them():
+    """Host side: the CUDA library leaves a marker for each node it registers (the same macro registers it), and
+    opbridge_ort.cuda_library_path() / inspect read them."""
+    if _library_dir() is None:
+        pytest.skip("opbridge_ort's library is not installed here")
+    assert opbridge_ort.cuda_library_path() == os.path.realpath(CUDA_LIBRARY)
+    nodes = {("opbridge", op) for op in opbridge_ort.ops(CUDA_LIBRARY)} | set(opbridge_ort.foreign_ops(CUDA_LIBRARY))
+    for node in [("opbridge", "MyAdd"), ("opbridge", "MultiScaleDeformableAttention"), ("opbridge", "DeformConv2d"),
+                 ("mmcv", "grid_sampler"), ("mmdeploy", "grid_sampler"),
+                 ("mmdeploy", "MMCVMultiScaleDeformableAttention"), ("mmcv", "MMCVModulatedDeformConv2d"),
+                 ("opbridge", "RoiAlignRotated"), ("mmcv", "MMCVRoIAlignRotated"), ("mmdeploy", "MMCVRoIAlignRotated"),
+                 ("opbridge", "RotatedFeatureAlign"), ("mmcv", "MMCVRotatedFeatureAlign"),
+                 ("opbridge", "BoxIouRotated")]:  # fmt: skip
+        assert node in nodes, node
+    # Every CUDA node is also a CPU node of the main library (the CPU provider is the fallback).
+    cpu = {("opbridge", op) for op in opbridge_ort.ops()} | set(opbridge_ort.foreign_ops())
+    assert nodes <= cpu
+
+
+def _grid_inputs(dtype, batch=2, channels=5, height=7, width=9, out=(6, 8)):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, channels, height, width))
+    grid = rng.uniform(-1.3, 1.3, (batch, *out, 2))
+    grid[0, 0, :4, 0] = [np.nan, np.inf, 1e30, -1.0]  # read nothing, nothing, nothing, the border
+    return x.astype(dtype), grid.astype(dtype)
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("domain", ["mmcv", "mmdeploy"])
+@pytest.mark.parametrize("interpolation", [0, 1, 2], ids=["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding", [0, 1, 2], ids=["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_grid_sampler_on_the_cuda_ep(domain, interpolation, padding, align_corners, dtype):
+    x, grid = _grid_inputs(dtype)
+    attributes = dict(interpolation_mode=interpolation, padding_mode=padding, align_corners=align_corners)
+    model = _model("grid_sampler", domain, [("input", x), ("grid", grid)], ELEMENT[dtype], attributes)
+    out = _run(model, {"input": x, "grid": grid}, cuda=True)
+    # Against torch's grid_sample (float64; the non-finite grid points read nothing, as torch's CUDA kernel does).
+    mode = ("bilinear", "nearest", "bicubic")[interpolation]
+    pad = ("zeros", "border", "reflection")[padding]
+    finite = np.isfinite(grid).all(-1) & (np.abs(grid) < 1e10).all(-1)
+    safe_grid = torch.from_numpy(np.where(finite[..., None], grid, 0).astype(np.float64))
+    expected = torch.nn.functional.grid_sample(
+        torch.from_numpy(x.astype(np.float64)),
+        safe_grid,
+        mode=mode,
+        padding_mode=pad,
+        align_corners=bool(align_corners),
+    ).numpy()
+    check = np.broadcast_to(finite[:, None], expected.shape)
+    if padding == 0:
+        _close(out[check], expected[check], dtype)
+    # The same bits as the CPU node (one arithmetic, no fused multiply-adds on either device).
+    np.testing.assert_array_equal(out, _run(model, {"input": x, "grid": grid}, cuda=False))
+
+
+@needs_cuda_ep
+def test_grid_sampler_bad_shapes_are_an_error_status_on_the_cuda_ep():
+    x, grid = _grid_inputs(np.float32)
+    model = _model("grid_sampler", "mmdeploy", [("input", x), ("grid", grid[:1])], TensorProto.FLOAT)
+    with pytest.raises(Exception, match=r"grid_sampler.*grid \(index 1\)"):
+        _run(model, {"input": x, "grid": grid[:1]}, cuda=True)
+
+
+# --- the rotated-detection nodes ------------------------------------------------------------------------------------
+
+
+def _rotated_rois(rng, count, batch, height, width):
+    return np.concatenate(
+        [
+            rng.integers(0, batch, (count, 1)).astype(np.float64),
+            rng.uniform(-2, width + 2, (count, 1)),
+            rng.uniform(-2, height + 2, (count, 1)),
+            rng.uniform(0.2, 12, (count, 2)),
+            rng.uniform(-2 * np.pi, 2 * np.pi, (count, 1)),
+        ],
+        1,
+    )
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("node", [("RoiAlignRotated", "opbridge"), ("MMCVRoIAlignRotated", "mmcv"),
+                                  ("MMCVRoIAlignRotated", "mmdeploy")], ids=lambda n: n[1])  # fmt: skip
+@pytest.mark.parametrize(("ratio", "aligned", "clockwise"), [(2, 1, 0), (0, 1, 1), (0, 0, 0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_roi_align_rotated_on_the_cuda_ep(node, ratio, aligned, clockwise, dtype):
+    """Against torch's roi_align_rotated (the CPU op, itself checked against torchvision and mmcv's published values)
+    and the CPU node."""
+    import opbridge
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 5, 9, 11)).astype(dtype)
+    rois = _rotated_rois(rng, 13, 2, 9, 11).astype(dtype)
+    rois[4, 3] = np.nan
+    attributes = dict(output_height=3, output_width=2, spatial_scale=0.75, sampling_ratio=ratio, aligned=aligned,
+                      clockwise=clockwise)  # fmt: skip
+    model = _model(node[0], node[1], [("input", x), ("rois", rois)], ELEMENT[dtype], attributes)
+    out = _run(model, {"input": x, "rois": rois}, cuda=True)
+    expected = opbridge.roi_align_rotated(torch.from_numpy(x), torch.from_numpy(rois), (3, 2), 0.75, ratio,
+                                          bool(aligned), bool(clockwise)).numpy()  # fmt: skip
+    np.testing.assert_allclose(out, expected, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6, equal_nan=True)
+    bad = rois.copy()
+    bad[2, 0] = 7
+    with pytest.raises(Exception, match=r"rois \(index 1\)\[2, 0\] \(the batch index\)"):
+        _run(model, {"input": x, "rois": bad}, cuda=True)
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("node", [("RotatedFeatureAlign", "opbridge"), ("MMCVRotatedFeatureAlign", "mmcv")])
+@pytest.mark.parametrize("points", [1, 5])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rotated_feature_align_on_the_cuda_ep(node, points, dtype):
+    import opbridge
+
+    rng = np.random.default_rng(2)
+    features = rng.standard_normal((2, 4, 7, 9)).astype(dtype)
+    boxes = np.concatenate(
+        [rng.uniform(-8, 72, (2, 7, 9, 2)), rng.uniform(0, 40, (2, 7, 9, 2)), rng.uniform(-3, 3, (2, 7, 9, 1))], 3
+    ).astype(dtype)
+    attributes = dict(spatial_scale=0.125, points=points)
+    model = _model(node[0], node[1], [("features", features), ("best_rboxes", boxes)], ELEMENT[dtype], attributes)
+    out = _run(model, {"features": features, "best_rboxes": boxes}, cuda=True)
+    expected = opbridge.rotated_feature_align(torch.from_numpy(features), torch.from_numpy(boxes), 0.125, points)
+    np.testing.assert_allclose(out, expected.numpy(), rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("aligned", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_box_iou_rotated_on_the_cuda_ep(aligned, dtype):
+    import opbridge
+
+    rng = np.random.default_rng(3)
+    boxes1 = np.concatenate([rng.uniform(0, 20, (30, 2)), rng.uniform(0.5, 6, (30, 2)), rng.uniform(-6, 6, (30, 1))], 1)
+    boxes2 = boxes1[::-1].copy() if aligned else boxes1[:17] + rng.uniform(-1, 1, (17, 5))
+    boxes1, boxes2 = boxes1.astype(dtype), boxes2.astype(dtype)
+    for mode in (0, 1):
+        attributes = dict(mode=mode, aligned=aligned, clockwise=1)
+        model = _model(
+            "BoxIouRotated", "opbridge", [("boxes1", boxes1), ("boxes2", boxes2)], ELEMENT[dtype], attributes
+        )
+        out = _run(model, {"boxes1": boxes1, "boxes2": boxes2}, cuda=True)
+        expected = opbridge.box_iou_rotated(torch.from_numpy(boxes1), torch.from_numpy(boxes2), ("iou", "iof")[mode],
+                                            bool(aligned)).numpy()  # fmt: skip
+        np.testing.assert_allclose(out, expected, rtol=1e-6 if dtype == np.float32 else 1e-12, atol=1e-7)

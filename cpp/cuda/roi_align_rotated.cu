@@ -1,65 +1,19 @@
-// opbridge::roi_align_rotated and its backward on CUDA: one thread an output bin, its samples from
-// kernels/roi_align_rotated.h's sample_at (the CPU op's arithmetic). The rois are checked and read on the host
+// opbridge::roi_align_rotated and its backward on CUDA: kernels/rotated.cuh's kernels (shared with the ORT CUDA
+// library) on torch's stream. The rois are checked and read on the host
 // (torch/roi_align_rotated.h: a wrong batch index is a RuntimeError, not a read out of bounds), then handed to the
 // kernels. The backward scatters with atomics: the order of those additions, and so the gradient's last bits, can
 // vary between runs (python/opbridge/ops/roi_align_rotated.py follows torch.use_deterministic_algorithms).
-#include <limits>
 #include <vector>
 
 #include "cuda/common.cuh"
+#include "kernels/rotated.cuh"
 #include "torch/roi_align_rotated.h"
 
 namespace opbridge {
 namespace {
 
 using api::Tensor;
-using kernels::RoiAlignRotatedShape;
 using kernels::roi_align_rotated_detail::Roi;
-namespace detail = kernels::roi_align_rotated_detail;
-
-template <class T>
-__global__ void forward_kernel(const T* __restrict__ input, const Roi* __restrict__ rois, RoiAlignRotatedShape s,
-                               T* __restrict__ out) {
-  const int64_t bins = s.pooled_height * s.pooled_width, total = s.rois * s.channels * bins;
-  OPBRIDGE_GRID_LOOP(t, total) {
-    const int64_t bin = t % bins, c = (t / bins) % s.channels, k = t / (bins * s.channels);
-    const Roi r = rois[k];
-    if (!r.finite) {
-      out[t] = std::numeric_limits<T>::quiet_NaN();
-      continue;
-    }
-    const T* map = input + (r.batch * s.channels + c) * s.height * s.width;
-    const int64_t i = bin / s.pooled_width, j = bin % s.pooled_width;
-    double sum = 0;
-    for (int64_t iy = 0; iy < r.grid_h; ++iy) {
-      for (int64_t ix = 0; ix < r.grid_w; ++ix) sum += detail::sample_value(detail::sample_at(r, s, i, j, iy, ix), map);
-    }
-    out[t] = static_cast<T>(sum / detail::bin_divisor(r));
-  }
-}
-
-template <class T>
-__global__ void backward_kernel(const T* __restrict__ grad_output, const Roi* __restrict__ rois, RoiAlignRotatedShape s,
-                                T* grad_input) {
-  const int64_t bins = s.pooled_height * s.pooled_width, total = s.rois * s.channels * bins;
-  OPBRIDGE_GRID_LOOP(t, total) {
-    const int64_t bin = t % bins, c = (t / bins) % s.channels, k = t / (bins * s.channels);
-    const Roi r = rois[k];
-    if (!r.finite) continue;  // a NaN output: its gradient reaches no pixel
-    T* map = grad_input + (r.batch * s.channels + c) * s.height * s.width;
-    const int64_t i = bin / s.pooled_width, j = bin % s.pooled_width;
-    const double share = grad_output[t] / detail::bin_divisor(r);
-    for (int64_t iy = 0; iy < r.grid_h; ++iy) {
-      for (int64_t ix = 0; ix < r.grid_w; ++ix) {
-        const auto sample = detail::sample_at(r, s, i, j, iy, ix);
-        if (!sample.inside) continue;
-        for (int corner = 0; corner < 4; ++corner) {
-          atomicAdd(map + sample.index[corner], static_cast<T>(share * sample.weight[corner]));
-        }
-      }
-    }
-  }
-}
 
 // The rois read on the host, copied to the device (from pageable memory: the copy has left `read` when it returns).
 Tensor rois_on_device(const std::vector<Roi>& read, const Tensor& like, cudaStream_t stream, const char* op) {
@@ -92,10 +46,10 @@ Tensor roi_align_rotated_cuda(const Tensor& input, const Tensor& rois, int64_t p
   const auto table = rois_on_device(c.read, input, context.stream, kOp);
   api::dispatch_floating(input.scalar_type(), kOp, [&](auto tag) {
     using T = decltype(tag);
-    forward_kernel<T><<<cuda::blocks_for(out.numel()), cuda::kThreads, 0, context.stream>>>(
-        api::data<T>(x), static_cast<const Roi*>(table.const_data_ptr()), s, api::data<T>(out));
+    cuda::check_launch(
+        kOp, kernels::cuda::roi_align_rotated_forward(api::data<T>(x), static_cast<const Roi*>(table.const_data_ptr()),
+                                                      api::data<T>(out), s, context.stream));
   });
-  cuda::check_launch(kOp);
   return out;
 }
 
@@ -121,10 +75,10 @@ Tensor roi_align_rotated_backward_cuda(const Tensor& grad_output, const Tensor& 
   const auto table = rois_on_device(c.read, input, context.stream, kOp);
   api::dispatch_floating(input.scalar_type(), kOp, [&](auto tag) {
     using T = decltype(tag);
-    backward_kernel<T><<<cuda::blocks_for(g.numel()), cuda::kThreads, 0, context.stream>>>(
-        api::data<T>(g), static_cast<const Roi*>(table.const_data_ptr()), s, api::data<T>(grad_input));
+    cuda::check_launch(
+        kOp, kernels::cuda::roi_align_rotated_backward(api::data<T>(g), static_cast<const Roi*>(table.const_data_ptr()),
+                                                       api::data<T>(grad_input), s, context.stream));
   });
-  cuda::check_launch(kOp);
   return grad_input;
 }
 

@@ -8,3 +8,10 @@
 #else
 #define OPBRIDGE_HD
 #endif
+
+// OPBRIDGE_HD, always inlined: a per-element function on a hot path of both devices.
+#if defined(__CUDACC__)
+#define OPBRIDGE_HD_INLINE __host__ __device__ __forceinline__
+#else
+#define OPBRIDGE_HD_INLINE [[gnu::always_inline]] inline
+#endif

@@ -28,11 +28,21 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import onnxruntime
 
-__all__ = ["DOMAIN", "OPS", "InferenceSession", "foreign_ops", "library_path", "ops", "session_options"]
+__all__ = [
+    "DOMAIN",
+    "OPS",
+    "InferenceSession",
+    "cuda_library_path",
+    "foreign_ops",
+    "library_path",
+    "ops",
+    "session_options",
+]
 
 #: The ONNX domain of opbridge's custom ops.
 DOMAIN = "opbridge"
 _LIBRARY_NAME = "libopbridge_ort.so"
+_CUDA_LIBRARY_NAME = "libopbridge_ort_cuda.so"
 # Each op's C++ file leaves this marker in the library (OPBRIDGE_ORT_OP in cpp/ort/api.h).
 _OP_MARKER = re.compile(rb"opbridge-ort-op:([A-Za-z_][A-Za-z0-9_]*):([0-9]+)\x00")
 _FOREIGN_MARKER = re.compile(
@@ -61,6 +71,18 @@ def library_path() -> str:
             "OPBRIDGE_ORT_LIBRARY to build/cpp/ort/libopbridge_ort.so."
         )
     return str(path.resolve())
+
+
+def cuda_library_path() -> str | None:
+    """Absolute path of the library's CUDA nodes (``libopbridge_ort_cuda.so``, beside :func:`library_path`), or None
+    where this installation has none (built without nvcc). The main library opens it by itself when the runtime has
+    the CUDA execution provider; :func:`ops` and :func:`foreign_ops` of this path list the nodes that then run on
+    the GPU."""
+    try:
+        path = Path(library_path()).with_name(_CUDA_LIBRARY_NAME)
+    except FileNotFoundError:
+        return None
+    return str(path) if path.is_file() else None
 
 
 @functools.cache
@@ -133,8 +155,10 @@ def InferenceSession(
 ) -> onnxruntime.InferenceSession:
     """``onnxruntime.InferenceSession`` with the opbridge library registered.
 
-    ``model`` is a path, serialized bytes or an ``onnx.ModelProto``. Providers
-    default to the CPU provider (opbridge's kernels are CPU kernels).
+    ``model`` is a path, serialized bytes or an ``onnx.ModelProto``. Providers default to the CPU provider; pass
+    ``providers=["CUDAExecutionProvider", "CPUExecutionProvider"]`` (with onnxruntime-gpu) to place nodes on the GPU:
+    the library's CUDA nodes (:func:`cuda_library_path`; ``python -m opbridge_ort inspect`` says which) then run
+    there, the others on the CPU provider.
     """
     import onnxruntime
 

@@ -13,7 +13,7 @@ import collections
 import sys
 from dataclasses import dataclass
 
-from . import DOMAIN, foreign_ops, openmmlab, ops
+from . import DOMAIN, cuda_library_path, foreign_ops, openmmlab, ops
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 FUNCTION_DOMAIN = "opbridge.functions"
@@ -29,17 +29,44 @@ class OpReport:
     with_library: bool
     how: str
     advice: str = ""
+    cuda: str = "?"  # on ORT's CUDA execution provider: "yes", "no" (runs on the CPU provider) or "?" (unknown here)
 
 
-def _kernels() -> dict[tuple[str, str], list[tuple[int, int]]]:
+def _kernels(provider: str = "CPUExecutionProvider") -> dict[tuple[str, str], list[tuple[int, int]]]:
     from onnxruntime.capi import _pybind_state
 
     table: dict[tuple[str, str], list[tuple[int, int]]] = collections.defaultdict(list)
     for kernel in _pybind_state.get_all_opkernel_def():
-        if kernel.provider == "CPUExecutionProvider":
+        if kernel.provider == provider:
             domain = "" if kernel.domain in STANDARD_DOMAINS else kernel.domain
             table[(domain, kernel.op_name)].append(tuple(kernel.version_range))
     return table
+
+
+def _cuda_nodes() -> set[tuple[str, str]] | None:
+    """The (domain, op type) of the library's CUDA nodes, or None where this installation has no CUDA library."""
+    path = cuda_library_path()
+    if path is None:
+        return None
+    return {(DOMAIN, op) for op in ops(path)} | set(foreign_ops(path))
+
+
+def _cuda_column(report: OpReport, cuda_nodes, ort_cuda_kernels) -> str:
+    """Whether a node runs on ORT's CUDA execution provider: the library's CUDA nodes by their marker, standard ops
+    by the runtime's own CUDA kernels (known only to an onnxruntime built with that provider)."""
+    key = (report.domain, report.op_type)
+    if key[0] == DOMAIN or report.how.endswith("run by the opbridge library") or openmmlab.find(*key) is not None:
+        if not report.with_library:
+            return "-"
+        if cuda_nodes is None:
+            return "no"  # no CUDA library in this installation: the CPU provider runs it
+        return "yes" if key in cuda_nodes else "no"
+    if report.how.startswith(("turned into an initializer", "model-local ONNX function", "expanded from")):
+        return "yes"  # no kernel of its own
+    if ort_cuda_kernels is None:
+        return "?"
+    ranges = ort_cuda_kernels.get(key, [])
+    return "yes" if report.opset is not None and any(low <= report.opset <= high for low, high in ranges) else "no"
 
 
 def _schema_function_body(domain: str, op_type: str, opset: int) -> bool:
@@ -140,7 +167,17 @@ def inspect_model(model) -> tuple[dict[str, int], list[OpReport]]:
                 "re-export with a rule that emits standard ops (opbridge.onnx.export(..., lowering='standard'))"
             )
         reports.append(report)
+    cuda_nodes = _cuda_nodes()
+    ort_cuda_kernels = _kernels("CUDAExecutionProvider") if _runtime_has_cuda() else None
+    for report in reports:
+        report.cuda = _cuda_column(report, cuda_nodes, ort_cuda_kernels)
     return opsets, reports
+
+
+def _runtime_has_cuda() -> bool:
+    import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 
 
 def _try_session(model_bytes: bytes, with_library: bool) -> str:
@@ -190,12 +227,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m opbridge inspect"
     if model.functions:
         print("functions: " + ", ".join(f"{f.domain}::{f.name}" for f in model.functions))
     print(f"onnxruntime {onnxruntime.__version__}\n")
-    widths = (20, 22, 6, 8, 13)
-    header = ("domain", "op", "nodes", "ORT", "ORT+opbridge")
+    widths = (20, 22, 6, 8, 13, 5)
+    header = ("domain", "op", "nodes", "ORT", "ORT+opbridge", "CUDA")
     print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + "  how")
     for r in reports:
-        row = (r.domain or "ai.onnx", r.op_type, str(r.count), _yes(r.without_library), _yes(r.with_library))
+        row = (r.domain or "ai.onnx", r.op_type, str(r.count), _yes(r.without_library), _yes(r.with_library), r.cuda)
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) + "  " + r.how)
+    print(
+        "\nCUDA: whether the node runs on ORT's CUDA execution provider (onnxruntime-gpu) with the opbridge library: "
+        "yes; no (the CPU provider runs it, with copies to and from the GPU); ? (a standard op, and this "
+        "onnxruntime has no CUDA provider to ask); - (it does not run at all)."
+        + ("" if cuda_library_path() else " This opbridge_ort has no CUDA library (built without nvcc).")
+    )
     advice = [r for r in reports if r.advice]
     if advice:
         print("\nwhat to do:")

@@ -4,8 +4,10 @@
 #include <cuda_fp16.h>
 
 #include "kernels/deform_conv2d.cuh"
+#include "kernels/grid_sample.cuh"
 #include "kernels/ms_deform_attn.cuh"
 #include "kernels/my_add.cuh"
+#include "kernels/rotated.cuh"
 
 namespace opbridge::ort::cuda {
 namespace {
@@ -50,6 +52,68 @@ const char* deform_conv2d(const T* input, const T* weight, const T* offset, cons
                                                       static_cast<cudaStream_t>(stream)));
 }
 
+template <class T>
+const char* grid_sample(const T* input, const T* grid, T* out, const kernels::GridSampleShape& shape,
+                        const kernels::GridSampleAttributes& attributes, void* stream) {
+  return message(
+      kernels::cuda::grid_sample_forward(input, grid, out, shape, attributes, static_cast<cudaStream_t>(stream)));
+}
+
+// `bytes` of stream-ordered device memory for the kernels of one call, freed after them on the same stream.
+class StreamBuffer {
+ public:
+  StreamBuffer(size_t bytes, cudaStream_t stream) : stream_(stream) {
+    error_ = cudaMallocAsync(&data_, bytes > 0 ? bytes : 1, stream);
+  }
+  ~StreamBuffer() {
+    if (data_ != nullptr) cudaFreeAsync(data_, stream_);
+  }
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+  template <class U>
+  U* get() const {
+    return static_cast<U*>(data_);
+  }
+  cudaError_t error() const { return error_; }
+
+ private:
+  cudaStream_t stream_;
+  void* data_ = nullptr;
+  cudaError_t error_;
+};
+
+template <class T>
+const char* roi_align_rotated(const T* input, const std::vector<kernels::roi_align_rotated_detail::Roi>& rois, T* out,
+                              const kernels::RoiAlignRotatedShape& shape, void* stream) {
+  using Roi = kernels::roi_align_rotated_detail::Roi;
+  const auto s = static_cast<cudaStream_t>(stream);
+  const StreamBuffer table(sizeof(Roi) * rois.size(), s);
+  if (table.error() != cudaSuccess) return message(table.error());
+  // From pageable memory: the call returns once `rois` is staged, so the vector may go.
+  const cudaError_t copied =
+      cudaMemcpyAsync(table.get<Roi>(), rois.data(), sizeof(Roi) * rois.size(), cudaMemcpyHostToDevice, s);
+  if (copied != cudaSuccess) return message(copied);
+  return message(kernels::cuda::roi_align_rotated_forward(input, table.get<Roi>(), out, shape, s));
+}
+
+template <class T>
+const char* rotated_feature_align(const T* features, const T* boxes, T* out,
+                                  const kernels::RotatedFeatureAlignShape& shape, double spatial_scale, void* stream) {
+  return message(kernels::cuda::rotated_feature_align_forward(features, boxes, out, shape, spatial_scale,
+                                                              static_cast<cudaStream_t>(stream)));
+}
+
+template <class T>
+const char* box_iou_rotated(const T* boxes1, const T* boxes2, T* out, const kernels::BoxIouRotatedShape& shape,
+                            int64_t mode, bool clockwise, void* stream) {
+  using kernels::rotated::Polygon;
+  const auto s = static_cast<cudaStream_t>(stream);
+  const StreamBuffer polygons(sizeof(Polygon) * (shape.rows + shape.cols), s);
+  if (polygons.error() != cudaSuccess) return message(polygons.error());
+  return message(kernels::cuda::box_iou_rotated_forward(
+      boxes1, boxes2, out, shape, mode, clockwise, polygons.get<Polygon>(), polygons.get<Polygon>() + shape.rows, s));
+}
+
 template const char* my_add(const float*, const float*, float*, const kernels::BinaryLoop&, void*);
 template const char* my_add(const double*, const double*, double*, const kernels::BinaryLoop&, void*);
 template const char* my_add(const uint16_t*, const uint16_t*, uint16_t*, const kernels::BinaryLoop&, void*);
@@ -61,5 +125,21 @@ template const char* deform_conv2d(const float*, const float*, const float*, con
                                    const kernels::DeformConv2dShape&, void*);
 template const char* deform_conv2d(const double*, const double*, const double*, const double*, const double*, double*,
                                    const kernels::DeformConv2dShape&, void*);
+
+template const char* grid_sample(const float*, const float*, float*, const kernels::GridSampleShape&,
+                                 const kernels::GridSampleAttributes&, void*);
+template const char* grid_sample(const double*, const double*, double*, const kernels::GridSampleShape&,
+                                 const kernels::GridSampleAttributes&, void*);
+
+#define OPBRIDGE_ROTATED_LAUNCHES(T)                                                                                   \
+  template const char* roi_align_rotated(const T*, const std::vector<kernels::roi_align_rotated_detail::Roi>&, T*,     \
+                                         const kernels::RoiAlignRotatedShape&, void*);                                 \
+  template const char* rotated_feature_align(const T*, const T*, T*, const kernels::RotatedFeatureAlignShape&, double, \
+                                             void*);                                                                   \
+  template const char* box_iou_rotated(const T*, const T*, T*, const kernels::BoxIouRotatedShape&, int64_t, bool,      \
+                                       void*);
+OPBRIDGE_ROTATED_LAUNCHES(float)
+OPBRIDGE_ROTATED_LAUNCHES(double)
+#undef OPBRIDGE_ROTATED_LAUNCHES
 
 }  // namespace opbridge::ort::cuda

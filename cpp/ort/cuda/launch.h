@@ -5,9 +5,14 @@
 
 #include <cstdint>
 
+#include <vector>
+
+#include "kernels/box_iou_rotated.h"
 #include "kernels/broadcast.h"
 #include "kernels/deform_conv2d.h"
+#include "kernels/grid_sample_taps.h"
 #include "kernels/ms_deform_attn.h"
+#include "kernels/rotated_feature_align.h"
 
 namespace opbridge::ort::cuda {
 
@@ -24,5 +29,22 @@ const char* ms_deform_attn(const T* value, const int64_t* spatial_shapes, const 
 template <class T>
 const char* deform_conv2d(const T* input, const T* weight, const T* offset, const T* mask, const T* bias, T* out,
                           const kernels::DeformConv2dShape& shape, void* stream);
+
+template <class T>
+const char* grid_sample(const T* input, const T* grid, T* out, const kernels::GridSampleShape& shape,
+                        const kernels::GridSampleAttributes& attributes, void* stream);
+
+// The rois read and checked on the host; copied to the device here (stream-ordered memory, freed after the kernel).
+template <class T>
+const char* roi_align_rotated(const T* input, const std::vector<kernels::roi_align_rotated_detail::Roi>& rois, T* out,
+                              const kernels::RoiAlignRotatedShape& shape, void* stream);
+
+template <class T>
+const char* rotated_feature_align(const T* features, const T* boxes, T* out,
+                                  const kernels::RotatedFeatureAlignShape& shape, double spatial_scale, void* stream);
+
+template <class T>
+const char* box_iou_rotated(const T* boxes1, const T* boxes2, T* out, const kernels::BoxIouRotatedShape& shape,
+                            int64_t mode, bool clockwise, void* stream);
 
 }  // namespace opbridge::ort::cuda

@@ -7,8 +7,10 @@
 
 #include "ort/cuda/launch.h"
 #include "ort/deform_conv2d.h"
+#include "ort/grid_sampler.h"
 #include "ort/ms_deform_attn.h"
 #include "ort/my_add.h"
+#include "ort/rotated.h"
 
 namespace opbridge::ort {
 namespace {
@@ -46,6 +48,31 @@ struct Cuda {
                                stream_of(context)));
   }
 
+  template <class T>
+  static void grid_sample(OrtKernelContext* context, const T* input, const T* grid, T* out,
+                          const kernels::GridSampleShape& shape, const kernels::GridSampleAttributes& attributes) {
+    check(cuda::grid_sample(input, grid, out, shape, attributes, stream_of(context)));
+  }
+
+  template <class T>
+  static void roi_align_rotated(OrtKernelContext* context, const T* input,
+                                const std::vector<kernels::roi_align_rotated_detail::Roi>& rois, T* out,
+                                const kernels::RoiAlignRotatedShape& shape) {
+    check(cuda::roi_align_rotated(input, rois, out, shape, stream_of(context)));
+  }
+
+  template <class T>
+  static void rotated_feature_align(OrtKernelContext* context, const T* features, const T* boxes, T* out,
+                                    const kernels::RotatedFeatureAlignShape& shape, double spatial_scale) {
+    check(cuda::rotated_feature_align(features, boxes, out, shape, spatial_scale, stream_of(context)));
+  }
+
+  template <class T>
+  static void box_iou_rotated(OrtKernelContext* context, const T* boxes1, const T* boxes2, T* out,
+                              const kernels::BoxIouRotatedShape& shape, int64_t mode, bool clockwise) {
+    check(cuda::box_iou_rotated(boxes1, boxes2, out, shape, mode, clockwise, stream_of(context)));
+  }
+
   // Per kernel instance: nothing here.
   struct DeformConv2dState {
     explicit DeformConv2dState(const OrtKernelInfo*) {}
@@ -65,6 +92,39 @@ void append_mmdeploy_ms_deform_attn(Ops& ops) { ms_deform_attn_adapter::append_m
 void append_deform_conv2d(Ops& ops) { deform_conv2d_adapter::append<Cuda>(ops); }
 void append_mmcv_modulated_deform_conv2d(Ops& ops) { deform_conv2d_adapter::append_mmcv_modulated<Cuda>(ops); }
 void append_mmcv_deform_conv2d(Ops& ops) { deform_conv2d_adapter::append_mmcv_v1<Cuda>(ops); }
+template <const char* Op>
+void append_grid_sampler(Ops& ops) {
+  grid_sampler_adapter::append<Cuda, Op>(ops);
+}
+template <const char* Op>
+void append_roi_align_rotated(const char* op_type, Ops& ops) {
+  rotated_adapter::append_roi_align_rotated<Cuda, float, Op>(op_type, ops);
+  rotated_adapter::append_roi_align_rotated<Cuda, double, Op>(op_type, ops);
+}
+void append_opbridge_roi_align_rotated(Ops& ops) {
+  append_roi_align_rotated<rotated_adapter::kRoiAlignOp>("RoiAlignRotated", ops);
+}
+void append_mmcv_roi_align_rotated(Ops& ops) {
+  append_roi_align_rotated<rotated_adapter::kMmcvRoiAlignOp>("MMCVRoIAlignRotated", ops);
+}
+void append_mmdeploy_roi_align_rotated(Ops& ops) {
+  append_roi_align_rotated<rotated_adapter::kMmdeployRoiAlignOp>("MMCVRoIAlignRotated", ops);
+}
+template <const char* Op>
+void append_rotated_feature_align(const char* op_type, Ops& ops) {
+  rotated_adapter::append_rotated_feature_align<Cuda, float, Op>(op_type, ops);
+  rotated_adapter::append_rotated_feature_align<Cuda, double, Op>(op_type, ops);
+}
+void append_opbridge_rotated_feature_align(Ops& ops) {
+  append_rotated_feature_align<rotated_adapter::kFeatureAlignOp>("RotatedFeatureAlign", ops);
+}
+void append_mmcv_rotated_feature_align(Ops& ops) {
+  append_rotated_feature_align<rotated_adapter::kMmcvFeatureAlignOp>("MMCVRotatedFeatureAlign", ops);
+}
+void append_box_iou_rotated(Ops& ops) {
+  rotated_adapter::append_box_iou_rotated<Cuda, float>(ops);
+  rotated_adapter::append_box_iou_rotated<Cuda, double>(ops);
+}
 
 }  // namespace
 
@@ -76,5 +136,13 @@ OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVModulatedDeformConv2d, 1, append_mmcv_modulate
 OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVModulatedDeformConv2d, 1, append_mmcv_modulated_deform_conv2d);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVDeformConv2d, 1, append_mmcv_deform_conv2d);
 OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVDeformConv2d, 1, append_mmcv_deform_conv2d);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, grid_sampler, 1, append_grid_sampler<grid_sampler_adapter::kMmcvOp>);
+OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, grid_sampler, 1, append_grid_sampler<grid_sampler_adapter::kMmdeployOp>);
+OPBRIDGE_ORT_OP(RoiAlignRotated, 1, append_opbridge_roi_align_rotated);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRoIAlignRotated, 1, append_mmcv_roi_align_rotated);
+OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVRoIAlignRotated, 1, append_mmdeploy_roi_align_rotated);
+OPBRIDGE_ORT_OP(RotatedFeatureAlign, 1, append_opbridge_rotated_feature_align);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRotatedFeatureAlign, 1, append_mmcv_rotated_feature_align);
+OPBRIDGE_ORT_OP(BoxIouRotated, 1, append_box_iou_rotated);
 
 }  // namespace opbridge::ort
