@@ -649,3 +649,24 @@ def test_rotated_ops_gradcheck_opcheck_and_determinism_on_cuda():
             opbridge.rotated_feature_align(x, boxes).sum().backward()
     finally:
         torch.use_deterministic_algorithms(previous)
+
+
+@needs_gpu
+def test_patch_model_serves_a_transformers_model_on_cuda(monkeypatch):
+    """patch_model on a CUDA model: the op runs on the GPU, forward and gradients as the library's own code."""
+    pytest.importorskip("transformers")
+    from test_integrations import _build, _check_patched_matches_the_library
+
+    from opbridge.ops import ms_deform_attn as msda_module
+
+    calls = []
+    original = msda_module.ms_deform_attn
+
+    def counting(*args):
+        calls.append(args[0].device)
+        return original(*args)
+
+    monkeypatch.setattr(msda_module, "ms_deform_attn", counting)
+    model, pixels = _build("DeformableDetrModel")
+    _check_patched_matches_the_library("DeformableDetrModel", model.to(CUDA), pixels.to(CUDA), calls)
+    assert calls and all(device.type == "cuda" for device in calls)

@@ -70,7 +70,7 @@ def op_calls(monkeypatch):
 
 def _loss(output: torch.Tensor) -> torch.Tensor:
     weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(7), dtype=output.dtype)
-    return (output * weights).sum()
+    return (output * weights.to(output.device)).sum()
 
 
 @pytest.mark.parametrize("model_class", sorted(models.TRANSFORMERS_MSDA))
@@ -107,6 +107,19 @@ def _check_patched_matches_the_library(model_class, model, pixels, op_calls):
     calls = len(op_calls)
     model(pixels)
     assert len(op_calls) == calls
+
+
+def test_tensors_the_op_cannot_take_are_handed_back():
+    """A device without an opbridge kernel (meta here; CUDA without the CUDA library), or tensors on two devices,
+    go back to the library's own code; CUDA is served exactly where the CUDA library has the op."""
+    from opbridge import _extension, integrations
+
+    value = torch.zeros(1, 4, 2, 8)
+    locations, weights = torch.zeros(1, 3, 2, 1, 2, 2), torch.zeros(1, 3, 2, 1, 2)
+    assert integrations._served(value, locations, weights)
+    assert not integrations._served(value.to("meta"), locations.to("meta"), weights.to("meta"))
+    assert not integrations._served(value, locations.to("meta"), weights)
+    assert integrations._has_cuda_kernel("ms_deform_attn") == (_extension.cuda_library is not None)
 
 
 def test_variant_the_op_does_not_cover_keeps_the_library_function(op_calls):

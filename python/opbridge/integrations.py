@@ -2,8 +2,8 @@
 
 Hugging Face transformers carries multi-scale deformable attention (MSDA) as a pure-PyTorch ``grid_sample`` loop
 in many model families. ``patch_model(model)`` finds those layers in a built model and makes them call
-:func:`opbridge.ms_deform_attn` (the C++ kernel: faster eager CPU forward and backward; one ONNX node or a
-dynamic-shape standard lowering at export), and gives back a :class:`Patch` that undoes it. What it serves:
+:func:`opbridge.ms_deform_attn` (the C++ kernel: faster eager forward and backward on the CPU, and on CUDA where
+opbridge's CUDA library is installed; one ONNX node or a dynamic-shape standard lowering at export), and gives back a :class:`Patch` that undoes it. What it serves:
 
 * the layer transformers marks for faster kernels (``@use_kernel_forward_from_hub("MultiScaleDeformableAttention")``:
   Deformable DETR, RT-DETR, Grounding DINO, MM Grounding DINO, OmDet-Turbo, LW-DETR, RF-DETR, PP-DocLayout v2-v4 and
@@ -19,7 +19,8 @@ dynamic-shape standard lowering at export), and gives back a :class:`Patch` that
   instances' attribute is swapped, with the same rules.
 
 Every replacement hands the call back to the library's own code where opbridge's op cannot serve it (a CUDA
-tensor, dtypes the op does not take together), so a patched model never fails where the unpatched one works.
+tensor without opbridge's CUDA library, tensors on different devices, dtypes the op does not take together), so a
+patched model never fails where the unpatched one works.
 Half-precision layers (``model.half()``, ``model.bfloat16()``, autocast) are served: the op stores float16/bfloat16
 and computes in float32.
 """
@@ -42,16 +43,27 @@ _HUB_PARAMETERS = ("value", "value_spatial_shapes", "value_spatial_shapes_list",
                    "sampling_locations", "attention_weights", "im2col_step")  # fmt: skip
 
 
-def _served(value: torch.Tensor, *precise: torch.Tensor) -> bool:
-    """Whether opbridge's op takes these tensors as they come: on the CPU, in the dtype rules of the op (locations and
-    weights in value's dtype, or float32 beside float16/bfloat16), or under CPU autocast, whose rule for the op
-    casts them (python/opbridge/_autocast.py; it leaves float64 alone)."""
+def _has_cuda_kernel(op: str) -> bool:
+    """Whether this installation runs opbridge::`op` on CUDA tensors (its CUDA library is loaded and has the op)."""
+    from . import _extension
+
+    return _extension.cuda_library is not None and f"opbridge::{op}" not in _extension.cuda_refusals
+
+
+def _served(value: torch.Tensor, *precise: torch.Tensor, op: str = "ms_deform_attn") -> bool:
+    """Whether opbridge's op takes these tensors as they come: on one device it runs on (the CPU, or CUDA where the
+    CUDA library has the op), in the dtype rules of the op (locations and weights in value's dtype, or float32
+    beside float16/bfloat16), or under autocast on that device, whose rule for the op casts them
+    (python/opbridge/_autocast.py; it leaves float64 alone)."""
     from ._checks import FLOAT_STORAGE, HALF
 
     tensors = (value, *precise)
-    if any(t.device.type != "cpu" or t.dtype not in FLOAT_STORAGE for t in tensors):
+    device = value.device
+    if any(t.device != device or t.dtype not in FLOAT_STORAGE for t in tensors):
         return False
-    if torch.is_autocast_enabled("cpu") and (
+    if device.type != "cpu" and not (device.type == "cuda" and _has_cuda_kernel(op)):
+        return False
+    if torch.is_autocast_enabled(device.type) and (
         all(t.dtype != torch.float64 for t in tensors) or all(t.dtype == torch.float64 for t in tensors)
     ):
         return True
