@@ -2,7 +2,9 @@
 #
 # Search order: OPBRIDGE_ORT_INCLUDE_DIR (CMake variable or environment), then the
 # system (e.g. Debian's libonnxruntime-dev), then a pinned copy fetched once into
-# a cache directory (OPBRIDGE_ORT_HEADERS_CACHE, default ~/.cache/opbridge).
+# a cache directory (OPBRIDGE_ORT_HEADERS_CACHE, default ~/.cache/opbridge) by
+# fetch_ort_headers.py: a given archive, Debian's package, or ONNX Runtime's
+# release archive (each SHA-256 checked; its docstring lists the variables).
 # Any headers from ONNX Runtime >= 1.16 work: the library negotiates the API
 # version with the runtime it is loaded into, whatever the headers' version.
 include_guard(GLOBAL)
