@@ -655,9 +655,8 @@ def test_rotated_ops_gradcheck_opcheck_and_determinism_on_cuda():
 def test_patch_model_serves_a_transformers_model_on_cuda(monkeypatch):
     """patch_model on a CUDA model: the op runs on the GPU, forward and gradients as the library's own code."""
     pytest.importorskip("transformers")
-    from test_integrations import _build, _check_patched_matches_the_library
-
     from opbridge.ops import ms_deform_attn as msda_module
+    from test_integrations import _build, _check_patched_matches_the_library
 
     calls = []
     original = msda_module.ms_deform_attn

@@ -3,7 +3,8 @@
 Hugging Face transformers carries multi-scale deformable attention (MSDA) as a pure-PyTorch ``grid_sample`` loop
 in many model families. ``patch_model(model)`` finds those layers in a built model and makes them call
 :func:`opbridge.ms_deform_attn` (the C++ kernel: faster eager forward and backward on the CPU, and on CUDA where
-opbridge's CUDA library is installed; one ONNX node or a dynamic-shape standard lowering at export), and gives back a :class:`Patch` that undoes it. What it serves:
+opbridge's CUDA library is installed; one ONNX node or a dynamic-shape standard lowering at export), and gives
+back a :class:`Patch` that undoes it. What it serves:
 
 * the layer transformers marks for faster kernels (``@use_kernel_forward_from_hub("MultiScaleDeformableAttention")``:
   Deformable DETR, RT-DETR, Grounding DINO, MM Grounding DINO, OmDet-Turbo, LW-DETR, RF-DETR, PP-DocLayout v2-v4 and
