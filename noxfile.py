@@ -2,7 +2,8 @@
 
     nox -s tests          build opbridge against the default torch and run the test suite (CI runs this)
     nox -s parity         the main job: the export/ORT parity matrix on the default versions
-    nox -s ort_versions   the ORT library alone (no torch) against an old, a middle and the newest ORT
+    nox -s ort_versions   the ORT library alone (no torch) against each ORT of ORT_VERSIONS (1.15.1 for its error,
+                          1.16.3, 1.20.1, 1.24.4 and the newest)
     nox -s lint           ruff, clang-format, and the GitHub workflows (GitHub's schema; actionlint)
     nox -s bench          opbridge's kernels against their baselines (ORT's ops, OpenVINO, torch eager,
                           torchvision, the memory-bandwidth and GEMM bounds): docs/benchmarks.md

@@ -1,4 +1,5 @@
-"""Every ```python block of the README and docs/ runs, so the docs cannot rot.
+"""Every ```python block of the README and docs/ runs, so the docs cannot rot; every other code block says why it
+is not run (``<!-- not run: reason -->`` on the line before it).
 
 The blocks of one page run in order in one namespace, as a reader would run them.
 """
@@ -23,6 +24,44 @@ def _blocks(path: Path) -> list[tuple[int, str]]:
 
 
 PAGES = [pytest.param(path, id=path.name) for path in DOCUMENTS if _blocks(path)]
+
+
+NOT_RUN = re.compile(r"<!-- not run: (\S.*\S) -->")
+
+
+def _fences(path: Path) -> list[tuple[int, str, str]]:
+    """(line, language, the line before) of every fenced code block."""
+    lines = path.read_text().split("\n")
+    opening, found = None, []
+    for number, line in enumerate(lines):
+        if not line.startswith("```"):
+            continue
+        if opening is None:
+            opening = number
+            found.append((number + 1, line[3:].strip(), lines[number - 1] if number else ""))
+        else:
+            opening = None
+    assert opening is None, f"{path.name}: a code block opened at line {opening + 1} is never closed"
+    return found
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in DOCUMENTS])
+def test_every_code_block_runs_or_says_why_not(path):
+    """```python blocks run (test_doc_examples_run); any other block (```py, ```bash, ```text, ...) carries a
+    reason it is not run, so a snippet cannot silently stop being true."""
+    unmarked = [
+        f"{path.name}:{line} (```{language})"
+        for line, language, before in _fences(path)
+        if language != "python" and not NOT_RUN.fullmatch(before.strip())
+    ]
+    assert not unmarked, "code blocks neither run nor marked '<!-- not run: reason -->': " + ", ".join(unmarked)
+
+
+def test_the_marker_check_catches_an_unmarked_block(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("text\n\n```bash\nrm -rf /\n```\n\n<!-- not run: fine -->\n```text\noutput\n```\n")
+    with pytest.raises(AssertionError, match=r"page.md:3 \(```bash\)"):
+        test_every_code_block_runs_or_says_why_not(page)
 
 
 def test_there_are_examples():
