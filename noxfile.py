@@ -647,6 +647,8 @@ def runtime(session: nox.Session) -> None:
 
 @nox.session(default=False, tags=["matrix"], venv_backend="none")
 def report(session: nox.Session) -> None:
-    """docs/compatibility.md from the matrix's JSON reports; fails on any unexpected failure."""
+    """docs/compatibility.md from the matrix's JSON reports, merged into the runs kept in docs/compatibility-runs.json
+    (a run of the same wheel and versions is replaced; runs of older wheels stay, marked stale); fails on any
+    unexpected failure of a current run."""
     session.run(sys.executable, str(TOOLS / "compatibility.py"), str(MATRIX_REPORTS),
                 str(ROOT / "docs" / "compatibility.md"))  # fmt: skip

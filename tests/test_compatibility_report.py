@@ -62,3 +62,54 @@ def test_reports_of_separate_jobs_merge_into_one_table_with_a_column_per_python(
     columns = [f"torch 2.14.1 / ORT 1.31.1 / Python {p}" for p in ("3.10", "3.11", "3.13")]
     assert header == "| exporter | lowering | opset | " + " | ".join(columns) + " |"
     assert "cp313" in text and "3 runs" in capsys.readouterr().out
+
+
+def test_runs_accumulate_in_the_store_and_older_wheels_are_marked_stale(tmp_path, capsys):
+    """Each matrix run adds its reports to the committed store instead of replacing the page: a later run of some
+    torch versions keeps the others; a run of the same wheel and versions replaces its old report; runs of wheels
+    built from older sources stay listed, marked stale, without a column."""
+    import json
+
+    def write(directory, name, report):
+        directory.mkdir(exist_ok=True)
+        (directory / name).write_text(json.dumps(report))
+
+    def versioned(torch, version, sha):
+        report = _report(torch, f"opbridge-{version}-cp311-cp311-manylinux_2_17_x86_64.whl")
+        report["environment"]["opbridge"] = version
+        report["wheels"]["opbridge"]["sha256"] = sha * 32
+        return report
+
+    out, store = tmp_path / "compatibility.md", tmp_path / "compatibility-runs.json"
+    write(tmp_path / "first", "a.json", versioned("2.10.0", "0.1.0.210", "aa"))
+    write(tmp_path / "first", "b.json", versioned("2.11.0", "0.1.0.210", "aa"))
+    assert compatibility.main(["c", str(tmp_path / "first"), str(out)]) == 0
+    assert store.is_file() and len(json.loads(store.read_text())["runs"]) == 2
+    # A second matrix run of one torch version only, from newer sources: the other run stays, marked stale.
+    write(tmp_path / "second", "c.json", versioned("2.10.0", "0.1.0.215", "bb"))
+    assert compatibility.main(["c", str(tmp_path / "second"), str(out)]) == 0
+    text = out.read_text()
+    assert len(json.loads(store.read_text())["runs"]) == 3
+    assert (
+        "torch 2.11.0 / ORT 1.31.1 / Python 3.11 | `opbridge-0.1.0.210" in text
+        and "**stale** (opbridge 0.1.0.210)" in text
+    )
+    header = next(line for line in text.splitlines() if line.startswith("| exporter |"))
+    assert header == "| exporter | lowering | opset | torch 2.10.0 / ORT 1.31.1 / Python 3.11 |"
+    # The same wheel and versions again: replaced, not added; and the page re-renders from the store alone.
+    write(tmp_path / "third", "c.json", versioned("2.10.0", "0.1.0.215", "bb"))
+    assert compatibility.main(["c", str(tmp_path / "third"), str(out)]) == 0
+    assert len(json.loads(store.read_text())["runs"]) == 3
+    assert compatibility.main(["c", str(tmp_path / "absent"), str(out)]) == 0
+    assert out.read_text() == text
+    assert "3 runs, 0 new, 2 stale" in capsys.readouterr().out
+
+
+def test_a_failure_in_a_stale_run_does_not_fail_the_report():
+    stable = "opbridge-0.1.0.210-cp311-cp311-manylinux_2_34_x86_64.whl"
+    old = _report("2.12.1", stable, {"passed": 39, "failed": 1, "skipped": 2})
+    old["environment"]["opbridge"] = "0.1.0.200"
+    new = _report("2.12.1", stable.replace("210", "220"), {"passed": 40, "failed": 0, "skipped": 2})
+    new["environment"]["opbridge"] = "0.1.0.220"
+    text, failures = compatibility.render([old, new])
+    assert failures == 0 and "stale: not counted" in text

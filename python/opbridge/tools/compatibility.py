@@ -1,11 +1,15 @@
 """Turns the parity matrix's JSON reports into docs/compatibility.md.
 
-    python python/opbridge/tools/compatibility.py REPORTS_DIR docs/compatibility.md   (nox -s report)
+    python python/opbridge/tools/compatibility.py REPORTS_DIR docs/compatibility.md [STORE]   (nox -s report)
 
-Standard library only (no torch), so it runs anywhere. One table per op: a row
-per (exporter, lowering, opset), a column per run (torch x ORT x Python); each cell is
-pass (with the max error), FAIL, or n/a with a footnoted reason. Exits 1 if any
-cell failed unexpectedly or any test failed under a run's wheels.
+Standard library only (no torch), so it runs anywhere. Runs accumulate: every run ever reported is kept in STORE
+(default: docs/compatibility-runs.json beside the page, committed), condensed to what the page shows, keyed by its
+opbridge wheel (file and SHA-256) and versions (torch, ORT, Python); a new report of the same key replaces the
+old one, any other run stays. A run of a wheel built from older sources than the newest run's (a lower opbridge
+version) is marked stale and listed, but gets no column in the op tables. One table per op: a row per (exporter,
+lowering, opset), a column per current run (torch x ORT x Python); each cell is pass (with the max error), FAIL,
+or n/a with a footnoted reason. Exits 1 if any current cell failed unexpectedly or any test failed under a
+current run's wheels.
 """
 
 from __future__ import annotations
@@ -26,10 +30,54 @@ def _version_key(name: str) -> tuple:
     return tuple(tuple(int(p) for p in part.split(".")[:3] if p.isdigit()) for part in parts)
 
 
+_CELL_FIELDS = ("op", "exporter", "lowering", "opset", "dtype", "status", "max_error", "reason")
+
+
+def condense(report: dict) -> dict:
+    """A report as the store keeps it: its environment, wheels, summary and tests, and per cell only what the page
+    shows (the first case's detail of a failing cell)."""
+    cells = []
+    for cell in report["cells"]:
+        kept = {k: cell.get(k) for k in _CELL_FIELDS}
+        if cell.get("status") == "fail":
+            kept["cases"] = [{"detail": str((cell.get("cases") or [{}])[0].get("detail", ""))[:200]}]
+        cells.append(kept)
+    return {k: report[k] for k in ("environment", "wheels", "summary", "tests") if k in report} | {"cells": cells}
+
+
+def run_key(report: dict) -> str:
+    """A run's identity: its opbridge wheel (file, SHA-256) and versions."""
+    wheel = report.get("wheels", {}).get("opbridge", {})
+    env = report["environment"]
+    python = ".".join(env.get("python", "?").split(".")[:2])
+    return " | ".join([wheel.get("file", "-"), wheel.get("sha256", "-"), env["torch"], env["onnxruntime"], python])
+
+
+def _opbridge_version(report: dict) -> tuple:
+    version = report["environment"].get("opbridge", "")
+    return tuple(int(p) for p in version.split("+")[0].split(".") if p.isdigit())
+
+
+def merge(stored: list[dict], new: list[dict]) -> list[dict]:
+    """The stored runs with the new ones added; a new run replaces a stored run of the same key."""
+    runs = {run_key(r): r for r in stored}
+    runs.update({run_key(r): condense(r) for r in new})
+    return [runs[key] for key in sorted(runs)]
+
+
+def stale(reports: list[dict]) -> set[str]:
+    """Keys of the runs whose opbridge wheel was built from older sources than the newest run's."""
+    versions = [_opbridge_version(r) for r in reports if _opbridge_version(r)]
+    newest = max(versions, default=())
+    return {run_key(r) for r in reports if _opbridge_version(r) and _opbridge_version(r) < newest}
+
+
 def render(reports: list[dict]) -> tuple[str, int]:
-    runs = sorted({_run_name(r["environment"]) for r in reports}, key=_version_key)
+    old = stale(reports)
+    current = [r for r in reports if run_key(r) not in old]
+    runs = sorted({_run_name(r["environment"]) for r in current}, key=_version_key)
     by_op: dict[str, dict[tuple, dict[str, list[dict]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    for report in reports:
+    for report in current:
         run = _run_name(report["environment"])
         for cell in report["cells"]:
             by_op[cell["op"]][(cell["exporter"], cell["lowering"], cell["opset"])][run].append(cell)
@@ -44,7 +92,9 @@ def render(reports: list[dict]) -> tuple[str, int]:
         "operands and with a static and a dynamic batch: **pass** (max |ORT − PyTorch| over all of them), **FAIL**,",
         "or **n/a** (expected not to run; the footnote says why). A blank cell was not run (e.g. an opset the",
         "exporter lacks). On the torch and Python axes each run also runs tests/test_plain_export.py and",
-        'tests/test_packaging.py against the installed wheels ("tests under the wheel").',
+        'tests/test_packaging.py against the installed wheels ("tests under the wheel"). Runs accumulate across',
+        "matrix runs (docs/compatibility-runs.json); a run of a wheel built from older sources than the newest",
+        "run's is marked stale and has no column below.",
         "",
         "## Runs",
         "",
@@ -60,8 +110,12 @@ def render(reports: list[dict]) -> tuple[str, int]:
             served[(record["file"], record["sha256"])].append(_run_name(env))
         wheel = wheels.get("opbridge")
         shown = f"`{wheel['file']}` ({wheel['sha256'][:12]})" if wheel else "not recorded"
+        if run_key(report) in old:
+            shown += f" **stale** (opbridge {env.get('opbridge', '?')})"
         tests = report.get("tests")
-        if tests:
+        if run_key(report) in old:
+            tested = "stale: not counted"
+        elif tests:
             failures += tests["failed"]
             outcome = f"**{tests['failed']} failed**, " if tests["failed"] else ""
             tested = f"{outcome}{tests['passed']} passed, {tests['skipped']} skipped ({', '.join(tests['files'])})"
@@ -70,7 +124,7 @@ def render(reports: list[dict]) -> tuple[str, int]:
         lines.append(
             f"| {_run_name(env)} | {shown} | {len(report['cells'])} | {report['summary']} | {tested} | {versions} |"
         )
-    if served:
+    if served:  # the wheels of the runs above, stale ones included
         lines += ["", "## Wheels", "", "Each file that served a run above, as `nox -s wheels` built it:", "",
                   "| wheel | SHA-256 | runs |", "|---|---|---|"]  # fmt: skip
         for (file, sha256), runs_served in sorted(served.items()):
@@ -110,19 +164,26 @@ def render(reports: list[dict]) -> tuple[str, int]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
+    if len(argv) not in (3, 4):
         print(__doc__, file=sys.stderr)
         return 2
-    paths = sorted(Path(argv[1]).glob("*.json"))
-    if not paths:
-        print(f"no reports in {argv[1]}: run `nox -s matrix` first", file=sys.stderr)
+    out = Path(argv[2])
+    store = Path(argv[3]) if len(argv) == 4 else out.with_name(out.stem + "-runs.json")
+    stored = json.loads(store.read_text())["runs"] if store.is_file() else []
+    paths = sorted(Path(argv[1]).glob("*.json")) if Path(argv[1]).is_dir() else []
+    if not paths and not stored:
+        print(f"no reports in {argv[1]} and no stored runs in {store}: run `nox -t matrix` first", file=sys.stderr)
         return 2
-    reports = [json.loads(p.read_text()) for p in paths]
+    new = [json.loads(p.read_text()) for p in paths]
+    reports = merge(stored, new)
+    store.write_text(json.dumps({"runs": reports}, indent=None, separators=(",", ":")) + "\n")
     text, failures = render(reports)
-    Path(argv[2]).write_text(text)
-    for report in reports:
-        print(f"{_run_name(report['environment'])}: {report['summary']}")
-    print(f"wrote {argv[2]} ({len(reports)} runs); {failures} failing table cells")
+    out.write_text(text)
+    old = stale(reports)
+    for report in new:
+        print(f"new: {_run_name(report['environment'])}: {report['summary']}")
+    print(f"wrote {out} ({len(reports)} runs, {len(new)} new, {len(old)} stale; stored in {store}); "
+          f"{failures} failing table cells")  # fmt: skip
     return 1 if failures else 0
 
 
