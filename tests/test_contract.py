@@ -150,6 +150,7 @@ NO_BAD_INPUT = {
     "opbridge.onnx.LegacyBuilder": "constructed by the exporters for lowering functions, not by users",
     "opbridge_ort.DOMAIN": "a constant",
     "opbridge_ort.OPS": "a constant (the library's op list)",
+    "opbridge_ort.cuda_library_path": "takes no arguments (None where there is no CUDA library, never an error)",
 }
 
 

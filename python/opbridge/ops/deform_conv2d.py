@@ -24,7 +24,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from .. import _autocast, _checks, specs
+from .. import _autocast, _checks, _eager, specs
 from ..specs import LoweringError
 
 #: Public names: ``opbridge.<name>``; ``NN_MODULES`` go to ``opbridge.nn``.
@@ -103,6 +103,10 @@ def deform_conv2d(
         stride = _checks.int_pair(_OP, "stride", stride, minimum=1)
         padding = _checks.int_pair(_OP, "padding", padding, minimum=0)
         dilation = _checks.int_pair(_OP, "dilation", dilation, minimum=1)
+        tensors = (input, offset, weight, bias, mask)
+        if _eager.plain(tensors):  # host time: see opbridge/_eager.py
+            args = (input, offset, weight, bias, _pair(stride), _pair(padding), _pair(dilation), mask)
+            return _eager.run(_EagerFunction, torch.ops.opbridge.deform_conv2d.default, args, tensors)
     return torch.ops.opbridge.deform_conv2d(
         input, offset, weight, bias, _pair(stride), _pair(padding), _pair(dilation), mask
     )
@@ -183,6 +187,20 @@ def _backward(ctx, grad: Tensor):
 
 
 torch.library.register_autograd("opbridge::deform_conv2d", _backward, setup_context=_setup_context)
+
+
+class _EagerFunction(torch.autograd.Function):
+    """The registered autograd as a plain Function, for the wrapper's eager calls (opbridge/_eager.py)."""
+
+    @staticmethod
+    def forward(ctx, input, offset, weight, bias, stride, padding, dilation, mask):
+        _setup_context(ctx, (input, offset, weight, bias, stride, padding, dilation, mask), None)
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.opbridge.deform_conv2d.default(
+                input, offset, weight, bias, stride, padding, dilation, mask
+            )
+
+    backward = staticmethod(_backward)
 
 
 def _no_double_backward(ctx, *grads):

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import _autocast, _checks, specs
+from .. import _autocast, _checks, _eager, specs
 
 #: Public names: ``opbridge.<name>``; ``NN_MODULES`` go to ``opbridge.nn``.
 __all__ = ["MSDeformAttnFunction", "ms_deform_attn", "ms_deform_attn_level_table"]
@@ -82,6 +82,9 @@ def ms_deform_attn(
                              ("level_start_index", level_start_index), ("sampling_locations", sampling_locations),
                              ("attention_weights", attention_weights)):  # fmt: skip
             _checks.tensor(_OP, name, tensor)
+        args = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+        if _eager.plain(args):  # host time: see opbridge/_eager.py
+            return _eager.run(_EagerFunction, torch.ops.opbridge.ms_deform_attn.default, args)
     return torch.ops.opbridge.ms_deform_attn(
         value, spatial_shapes, level_start_index, sampling_locations, attention_weights
     )
@@ -168,6 +171,20 @@ def _backward(ctx, grad: Tensor):
 torch.library.register_autograd("opbridge::ms_deform_attn", _backward, setup_context=_setup_context)
 
 
+class _EagerFunction(torch.autograd.Function):
+    """The registered autograd as a plain Function, for the wrapper's eager calls (opbridge/_eager.py)."""
+
+    @staticmethod
+    def forward(ctx, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+        _setup_context(ctx, (value, spatial_shapes, level_start_index, sampling_locations, attention_weights), None)
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.opbridge.ms_deform_attn.default(
+                value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+            )
+
+    backward = staticmethod(_backward)
+
+
 def _no_double_backward(ctx, *grads):
     raise RuntimeError(
         "opbridge::ms_deform_attn: gradients of its gradients (double backward) are not supported; leave "
@@ -202,7 +219,7 @@ class MSDeformAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, value, spatial_shapes, level_start_index, sampling_locations, attention_weights, im2col_step=64):
-        ctx.save_for_backward(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+        _setup_context(ctx, (value, spatial_shapes, level_start_index, sampling_locations, attention_weights), None)
         return torch.ops.opbridge.ms_deform_attn(
             value, spatial_shapes, level_start_index, sampling_locations, attention_weights
         )
