@@ -127,6 +127,14 @@ class _Shared:
         return pick([cos_r, minus_sin, minus_cos, sin_r]), pick([sin_r, cos_r, minus_sin, minus_cos])
 
 
+# Ops that keep their first input's sign (indexing, reshaping, casting, rounding), and ops whose result is
+# non-negative where all their inputs are.
+_FIRST_INPUT_KEEPS_SIGN = frozenset(
+    ["Gather", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Cast", "Identity", "Floor", "Ceil", "Expand", "Flatten"]
+)
+_ALL_INPUTS_KEEP_SIGN = frozenset(["Concat", "Add", "Mul", "Div", "Max", "Min", "Sqrt"])
+
+
 class LegacyBuilder(_Shared):
     """Builder over the TorchScript-based exporter's GraphContext."""
 
@@ -195,6 +203,31 @@ class LegacyBuilder(_Shared):
         """The sizes the exporter knows (None for dynamic dims), or None if not even the rank is known."""
         value_type = value.type()
         return value_type.varyingSizes() if isinstance(value_type, torch._C.TensorType) else None
+
+    def constant_value(self, value) -> torch.Tensor | None:
+        """The value of a constant input (a Constant node), or None."""
+        node = value.node()
+        constant = node.kind() in ("onnx::Constant", "prim::Constant") and node.hasAttribute("value")
+        return node.t("value") if constant and node.kindOf("value") == "t" else None
+
+    def nonnegative(self, value, depth: int = 16) -> bool:
+        """Whether ``value`` is known to hold no negative number: sizes (Shape, Size) and what indexing, casting,
+        adding, multiplying or dividing them gives, and constants without a negative element."""
+        constant = self.constant_value(value)
+        if constant is not None:
+            return bool((constant >= 0).all()) if constant.numel() else True
+        if depth == 0:
+            return False
+        node = value.node()
+        kind = node.kind().split("::")[-1]
+        inputs = list(node.inputs())
+        if kind in ("Shape", "Size"):
+            return True
+        if kind in _FIRST_INPUT_KEEPS_SIGN and inputs:
+            return self.nonnegative(inputs[0], depth - 1)
+        if kind in _ALL_INPUTS_KEEP_SIGN and inputs:
+            return all(self.nonnegative(i, depth - 1) for i in inputs)
+        return False
 
     def zeros(self, length: int, like):
         """A 1-D zero tensor of ``length`` elements with the element type of ``like``."""
@@ -309,6 +342,33 @@ class DynamoBuilder(_Shared):
         if shape is None:
             return None
         return [d if isinstance(d, int) else None for d in shape]
+
+    def constant_value(self, value) -> torch.Tensor | None:
+        """The value of a constant input (the exporter's folded constants), or None."""
+        constant = getattr(value, "const_value", None)
+        if constant is None:
+            return None
+        try:
+            return torch.from_numpy(constant.numpy().copy())
+        except Exception:  # a value the IR cannot give as an array: treat as unknown
+            return None
+
+    def nonnegative(self, value, depth: int = 16) -> bool:
+        """As LegacyBuilder.nonnegative, over the IR's producers."""
+        constant = self.constant_value(value)
+        if constant is not None:
+            return bool((constant >= 0).all()) if constant.numel() else True
+        producer = value.producer() if depth and hasattr(value, "producer") else None
+        if producer is None:
+            return False
+        inputs = [i for i in producer.inputs if i is not None]
+        if producer.op_type in ("Shape", "Size"):
+            return True
+        if producer.op_type in _FIRST_INPUT_KEEPS_SIGN and inputs:
+            return self.nonnegative(inputs[0], depth - 1)
+        if producer.op_type in _ALL_INPUTS_KEEP_SIGN and inputs:
+            return all(self.nonnegative(i, depth - 1) for i in inputs)
+        return False
 
     def zeros(self, length: int, like):
         shape = self._standard.Constant(value_ints=[length])
