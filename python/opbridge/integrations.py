@@ -13,6 +13,10 @@ back a :class:`Patch` that undoes it. What it serves:
   the range the installed transformers accepts, and has no CPU mapping for this layer);
 * ``multi_scale_deformable_attention`` of Mask2Former and OneFormer (the same function without
   ``level_start_index``): a module-level function, swapped in its module while the patch is active;
+* Ultralytics' RT-DETR (``multi_scale_deformable_attn_pytorch`` in ``ultralytics.nn.modules.transformer``) and
+  Roboflow's RF-DETR / LW-DETR in the ``rfdetr`` package (``ms_deform_attn_core_pytorch``, value in its
+  ``[N, M, D, S]`` layout): the module-level function the model's attention calls, swapped while the patch is
+  active, where its parameters are the ones served (another release: a warning, and nothing swapped);
 * ``multi_scale_deformable_attention_v2`` of RT-DETR v2 (a module-level function, swapped while the patch is
   active): served where it computes MSDA (bilinear ``method="default"``, also with per-level point counts, padded
   to the largest with samples the op skips); the ``"discrete"`` (nearest, border-clamped) method falls through to the
@@ -192,8 +196,104 @@ def _function_v2(original: Callable) -> Callable:
     return multi_scale_deformable_attention_v2
 
 
+def _merged_levels(sampling_locations, attention_weights, levels: int):
+    """Locations [N, Lq, M, L * P, 2] (or the op's [N, Lq, M, L, P, 2]) and weights [N, Lq, M, L * P] (or
+    [N, Lq, M, L, P]), levels-major as Ultralytics and rfdetr fold them -> the op's layout; None where the shapes do
+    not fit that reading (the library's own function then runs)."""
+    if sampling_locations.dim() == 6 and attention_weights.dim() in (4, 5):
+        n, queries, heads, lv, points = sampling_locations.shape[:5]
+        return sampling_locations, attention_weights.reshape(n, queries, heads, lv, points)
+    if sampling_locations.dim() != 5 or attention_weights.dim() != 4 or sampling_locations.shape[3] % levels:
+        return None
+    n, queries, heads, total = sampling_locations.shape[:4]
+    return (sampling_locations.reshape(n, queries, heads, levels, total // levels, 2),
+            attention_weights.reshape(n, queries, heads, levels, total // levels))  # fmt: skip
+
+
+def _function_ultralytics(original: Callable) -> Callable:
+    """Ultralytics' ``multi_scale_deformable_attn_pytorch(value [N, S, M, D], value_spatial_shapes (list of (H, W)),
+    sampling_locations [N, Lq, M, L * P, 2] (older releases [N, Lq, M, L, P, 2]), attention_weights
+    [N, Lq, M, L * P])`` (RT-DETR's MSDeformAttn) on opbridge's op."""
+
+    @functools.wraps(original)
+    def multi_scale_deformable_attn_pytorch(value, value_spatial_shapes, sampling_locations, attention_weights):
+        from .ops.ms_deform_attn import ms_deform_attn
+
+        merged = _merged_levels(sampling_locations, attention_weights, len(value_spatial_shapes))
+        if merged is None or not _served(value, sampling_locations, attention_weights):
+            return original(value, value_spatial_shapes, sampling_locations, attention_weights)
+        shapes, starts = _level_table(value_spatial_shapes)
+        return ms_deform_attn(value, shapes, starts, *merged)
+
+    multi_scale_deformable_attn_pytorch.__opbridge_original__ = original
+    return multi_scale_deformable_attn_pytorch
+
+
+def _function_rfdetr(original: Callable) -> Callable:
+    """rfdetr's ``ms_deform_attn_core_pytorch(value [N, M, D, S], value_spatial_shapes [L, 2], sampling_locations
+    [N, Lq, M, L, P, 2] (export mode: [N, Lq, M, L * P, 2]), attention_weights [N, Lq, M, L * P],
+    value_spatial_shapes_hw=None)`` (RF-DETR's and LW-DETR's MSDeformAttn) on opbridge's op; the level table from
+    the shapes tensor, which keeps the sizes traced at export."""
+
+    @functools.wraps(original)
+    def ms_deform_attn_core_pytorch(value, value_spatial_shapes, sampling_locations, attention_weights,
+                                    value_spatial_shapes_hw=None):  # fmt: skip
+        from .ops.ms_deform_attn import ms_deform_attn
+
+        table = value_spatial_shapes if isinstance(value_spatial_shapes, torch.Tensor) else value_spatial_shapes_hw
+        merged = None
+        if table is not None and value.dim() == 4:
+            merged = _merged_levels(sampling_locations, attention_weights, len(table))
+        if merged is None or not _served(value, sampling_locations, attention_weights):
+            return original(value, value_spatial_shapes, sampling_locations, attention_weights,
+                            value_spatial_shapes_hw=value_spatial_shapes_hw)  # fmt: skip
+        shapes, starts = _level_table(table)
+        value = value.permute(0, 3, 1, 2)  # [N, M, D, S] -> the op's [N, S, M, D]
+        return ms_deform_attn(value, shapes, starts, *merged)
+
+    ms_deform_attn_core_pytorch.__opbridge_original__ = original
+    return ms_deform_attn_core_pytorch
+
+
 #: function name -> wrapper, for the module-level MSDA functions of transformers' families.
 _FUNCTIONS = {"multi_scale_deformable_attention": _function_v1, "multi_scale_deformable_attention_v2": _function_v2}
+
+#: Other libraries: (module name prefix, function name) -> (wrapper, the parameters the installed function must have:
+#: a release whose function differs is left alone, with a warning, never patched blindly).
+_LIBRARY_FUNCTIONS = {
+    ("ultralytics.", "multi_scale_deformable_attn_pytorch"): (
+        _function_ultralytics,
+        ("value", "value_spatial_shapes", "sampling_locations", "attention_weights"),
+    ),
+    ("rfdetr.", "ms_deform_attn_core_pytorch"): (
+        _function_rfdetr,
+        ("value", "value_spatial_shapes", "sampling_locations", "attention_weights", "value_spatial_shapes_hw"),
+    ),
+}
+
+
+def _swap_library_functions(name: str, source, patch) -> None:
+    for (prefix, function_name), (wrap, parameters) in _LIBRARY_FUNCTIONS.items():
+        original = getattr(source, function_name, None)
+        if not name.startswith(prefix) or not callable(original) or hasattr(original, "__opbridge_original__"):
+            continue
+        try:
+            found = tuple(inspect.signature(original).parameters)
+        except (TypeError, ValueError):
+            found = ()
+        if found != parameters:
+            import warnings
+
+            warnings.warn(
+                f"opbridge.patch_model: {name}.{function_name} has parameters {found}, not the {parameters} it "
+                "serves (another release of the library): left as it is",
+                UserWarning,
+                stacklevel=3,
+            )
+            continue
+        setattr(source, function_name, wrap(original))
+        patch._undo.append(functools.partial(setattr, source, function_name, original))
+        patch.swapped.append(f"{name}.{function_name}")
 
 
 @dataclass
@@ -264,10 +364,14 @@ def patch_model(model: torch.nn.Module) -> Patch:
             patch._undo.append(functools.partial(setattr, module, "ms_deformable_attn_core", core))
             patch.swapped.append(f"{cls.__module__}.{cls.__qualname__}.ms_deformable_attn_core")
         modules_seen.add(cls.__module__)
-    # Mask2Former, OneFormer, RT-DETR v2 call a module-level function at call time: swap it in the module.
+    # Mask2Former, OneFormer, RT-DETR v2 (and Ultralytics' RT-DETR, rfdetr's RF-DETR) call a module-level function
+    # at call time: swap it in the module.
     for name in sorted(modules_seen):
         source = sys.modules.get(name)
-        if source is None or not name.startswith("transformers."):
+        if source is None:
+            continue
+        _swap_library_functions(name, source, patch)
+        if not name.startswith("transformers."):
             continue
         for function_name, wrap in _FUNCTIONS.items():
             original = getattr(source, function_name, None)

@@ -1,0 +1,129 @@
+"""opbridge.patch_model beyond transformers: Ultralytics' RT-DETR and Roboflow's RF-DETR (the rfdetr package) run
+opbridge's op, with the libraries' own forward and backward (float64), and export as its node.
+
+Skipped where the library is not installed (it is not one of opbridge's dependencies: `pip install ultralytics`,
+`pip install rfdetr`)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import opbridge
+from opbridge.ops import ms_deform_attn as msda_module
+
+SHAPES = [(8, 10), (4, 5), (2, 3)]
+KEYS = sum(h * w for h, w in SHAPES)
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    calls = []
+    original = msda_module.ms_deform_attn
+
+    def counting(*args):
+        calls.append(args[3].shape)
+        return original(*args)
+
+    monkeypatch.setattr(msda_module, "ms_deform_attn", counting)
+    return calls
+
+
+def _perturbed(module):
+    """Off the initial grid of sampling offsets (samples on pixel centres, where bilinear sampling has no
+    derivative)."""
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * 0.1)
+    return module
+
+
+def _same_forward_and_backward(module, args, leaves, op_calls):
+    expected = module(*args)
+    expected_grads = torch.autograd.grad(expected.square().sum(), [*leaves, *module.parameters()])
+    with opbridge.patch_model(module) as patch:
+        assert patch, "patch_model swapped nothing"
+        got = module(*args)
+        assert op_calls, f"the patched module never called opbridge's op ({patch.swapped})"
+        got_grads = torch.autograd.grad(got.square().sum(), [*leaves, *module.parameters()])
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    for a, b in zip(got_grads, expected_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+    calls = len(op_calls)
+    module(*args)  # restored: the library's own function again
+    assert len(op_calls) == calls
+    return patch
+
+
+@pytest.mark.parametrize("points", [2, 4])
+def test_ultralytics_msdeformattn_runs_the_op(op_calls, points):
+    transformer = pytest.importorskip("ultralytics.nn.modules.transformer")
+    module = _perturbed(transformer.MSDeformAttn(d_model=32, n_levels=3, n_heads=4, n_points=2).double())
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(2, 7, 32, dtype=torch.float64, generator=generator).requires_grad_()
+    value = torch.randn(2, KEYS, 32, dtype=torch.float64, generator=generator).requires_grad_()
+    boxes = torch.rand(2, 7, 1, points, dtype=torch.float64, generator=generator)  # centres, or boxes (cx, cy, w, h)
+    _same_forward_and_backward(module, (query, boxes, value, SHAPES), [query, value], op_calls)
+
+
+@pytest.mark.parametrize("export_mode", [False, True], ids=["eager-layout", "export-layout"])
+def test_rfdetr_msdeformattn_runs_the_op(op_calls, export_mode):
+    modules = pytest.importorskip("rfdetr.models.ops.modules.ms_deform_attn")
+    module = _perturbed(modules.MSDeformAttn(d_model=32, n_levels=3, n_heads=4, n_points=2).double())
+    module._export = export_mode  # rfdetr's export mode folds (levels, points) into one axis
+    generator = torch.Generator().manual_seed(1)
+    query = torch.randn(2, 7, 32, dtype=torch.float64, generator=generator).requires_grad_()
+    value = torch.randn(2, KEYS, 32, dtype=torch.float64, generator=generator).requires_grad_()
+    reference = torch.rand(2, 7, 3, 2, dtype=torch.float64, generator=generator)
+    shapes = torch.tensor(SHAPES)
+    starts = torch.tensor([0, 80, 100])
+    args = (query, reference, value, shapes, starts, None, SHAPES)
+    _same_forward_and_backward(module, args, [query, value], op_calls)
+
+
+def test_a_release_whose_function_differs_is_left_alone(monkeypatch):
+    """Version guard: a library function with other parameters is not patched blindly."""
+    transformer = pytest.importorskip("ultralytics.nn.modules.transformer")
+
+    def multi_scale_deformable_attn_pytorch(value, shapes, locations, weights, extra):  # another release
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(transformer, "multi_scale_deformable_attn_pytorch", multi_scale_deformable_attn_pytorch)
+    module = transformer.MSDeformAttn(d_model=32, n_levels=3, n_heads=4, n_points=2)
+    with pytest.warns(UserWarning, match="multi_scale_deformable_attn_pytorch has parameters"):
+        patch = opbridge.patch_model(module)
+    assert not patch and transformer.multi_scale_deformable_attn_pytorch is multi_scale_deformable_attn_pytorch
+
+
+def test_ultralytics_rtdetr_model_is_served_and_exports_the_node(tmp_path, op_calls):
+    """The whole RT-DETR of Ultralytics (rtdetr-l.yaml, random weights, no download): same detections as its own code
+    (float64), and an export with the custom lowering carries opbridge's node."""
+    tasks = pytest.importorskip("ultralytics.nn.tasks")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = tasks.RTDETRDetectionModel("rtdetr-l.yaml", verbose=False).eval()
+    pixels = torch.rand(1, 3, 128, 128, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = model.double()(pixels)[0]
+        with opbridge.patch_model(model) as patch:
+            assert patch.swapped == ["ultralytics.nn.modules.transformer.multi_scale_deformable_attn_pytorch"]
+            got = model(pixels)[0]
+    assert op_calls and len(op_calls) == sum(type(m).__name__ == "MSDeformAttn" for m in model.modules())
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
+
+    class Boxes(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(x)[0]
+
+    with opbridge.patch_model(model), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's notes on the model's own code
+        exported = opbridge.onnx.export(Boxes(model.float()), (pixels.float(),), None, lowering="custom",
+                                        dynamo=False, opset_version=17)  # fmt: skip
+    assert "MultiScaleDeformableAttention" in {n.op_type for n in exported.graph.node if n.domain == "opbridge"}
