@@ -243,7 +243,7 @@ def test_the_ort_cuda_library_registers_its_nodes_and_inspect_sees_them():
                  ("mmdeploy", "MMCVMultiScaleDeformableAttention"), ("mmcv", "MMCVModulatedDeformConv2d"),
                  ("opbridge", "RoiAlignRotated"), ("mmcv", "MMCVRoIAlignRotated"), ("mmdeploy", "MMCVRoIAlignRotated"),
                  ("opbridge", "RotatedFeatureAlign"), ("mmcv", "MMCVRotatedFeatureAlign"),
-                 ("opbridge", "BoxIouRotated")]:  # fmt: skip
+                 ("opbridge", "BoxIouRotated"), ("mmcv", "MMCVRoiAlign"), ("mmdeploy", "MMCVRoiAlign")]:  # fmt: skip
         assert node in nodes, node
     # Every CUDA node is also a CPU node of the main library (the CPU provider is the fallback).
     cpu = {("opbridge", op) for op in opbridge_ort.ops()} | set(opbridge_ort.foreign_ops())
@@ -377,3 +377,27 @@ def test_box_iou_rotated_on_the_cuda_ep(aligned, dtype):
         expected = opbridge.box_iou_rotated(torch.from_numpy(boxes1), torch.from_numpy(boxes2), ("iou", "iof")[mode],
                                             bool(aligned)).numpy()  # fmt: skip
         np.testing.assert_allclose(out, expected, rtol=1e-6 if dtype == np.float32 else 1e-12, atol=1e-7)
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("domain", ["mmcv", "mmdeploy"])
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize(("ratio", "aligned"), [(2, 1), (0, 1), (0, 0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mmcv_roi_align_on_the_cuda_ep(domain, mode, ratio, aligned, dtype):
+    """Against the CPU node (itself checked against torchvision's roi_align and mmcv's values): the maximum bit for
+    bit, the average within float rounding (the CPU kernel sums separably, the GPU sample by sample)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 5, 9, 11)).astype(dtype)
+    starts = rng.uniform(-2, 9, (13, 2))
+    rois = np.concatenate([rng.integers(0, 2, (13, 1)), starts, starts + rng.uniform(0.2, 8, (13, 2))], 1).astype(dtype)
+    attributes = dict(output_height=3, output_width=2, spatial_scale=0.75, sampling_ratio=ratio, mode=mode,
+                      aligned=aligned)  # fmt: skip
+    model = _model("MMCVRoiAlign", domain, [("input", x), ("rois", rois)], ELEMENT[dtype], attributes)
+    feeds = {"input": x, "rois": rois}
+    out, cpu = _run(model, feeds, cuda=True), _run(model, feeds, cuda=False)
+    if mode == "max":
+        np.testing.assert_array_equal(out, cpu)
+    else:
+        tolerance = 1e-12 if dtype == np.float64 else 2e-6
+        np.testing.assert_allclose(out, cpu, rtol=tolerance, atol=tolerance)

@@ -1,76 +1,35 @@
-// ORT adapter of kernels/roi_align.h under the node mmcv's exporter writes for mmcv.ops.RoIAlign (the RoI heads of
-// two-stage detectors: Faster/Mask/Cascade R-CNN in mmdetection, mmocr's Mask R-CNN, mmtracking), and under
-// mmdeploy::MMCVRoiAlign, which mmdeploy 0.1-0.3 wrote with the same contract:
-// mmcv::MMCVRoiAlign(input [N, C, H, W], rois [K, 5] = (batch index, x1, y1, x2, y2)) -> [K, C, output_height,
-// output_width], attributes output_height, output_width, sampling_ratio (ints), spatial_scale (float), mode
-// (string "avg" or "max") and aligned (int 0 or 1). mmcv's kernel required every attribute; absent here, they take
-// mmcv.ops.RoIAlign's defaults (sampling_ratio 0, mode "avg", aligned 1, scale 1) except the output size,
-// which is required. float, double and float16 (computed in float32).
-#include <stdexcept>
-#include <string>
-#include <vector>
+// The CPU ORT kernels of mmcv::MMCVRoiAlign and mmdeploy::MMCVRoiAlign (roi_align.h): kernels/roi_align.h on the
+// session's threads; float16 computed in float32.
+#include "ort/roi_align.h"
 
-#include "kernels/roi_align.h"
-#include "ort/api.h"
+#include <vector>
 
 namespace opbridge::ort {
 namespace {
 
-constexpr char kOp[] = "mmcv::MMCVRoiAlign";
-constexpr char kMmdeployOp[] = "mmdeploy::MMCVRoiAlign";
-
-template <class T, const char* Op>
-struct MmcvRoiAlign {
-  MmcvRoiAlign(const OrtApi* api, const OrtKernelInfo* info) {
-    attributes.pooled_height = int_attribute(api, info, Op, "output_height", 0);
-    attributes.pooled_width = int_attribute(api, info, Op, "output_width", 0);
-    attributes.spatial_scale = float_attribute(api, info, Op, "spatial_scale", 1.0f);
-    attributes.sampling_ratio = int_attribute(api, info, Op, "sampling_ratio", 0);
-    attributes.aligned = bool_attribute(api, info, Op, "aligned", true);
-    const std::string mode = string_attribute(api, info, Op, "mode", "avg");
-    if (mode != "avg" && mode != "max") {
-      throw std::invalid_argument(std::string(Op) + ": attribute 'mode' must be \"avg\" or \"max\", got \"" + mode +
-                                  "\"");
-    }
-    attributes.max_pool = mode == "max";
+struct Cpu {
+  static constexpr const char* kProvider = "CPUExecutionProvider";
+  template <class T>
+  static void roi_align(OrtKernelContext* context, const T* input,
+                        const std::vector<kernels::roi_align_rotated_detail::Roi>& rois, T* out,
+                        const kernels::RoiAlignRotatedShape& s, bool max_pool) {
+    const KernelInput<T> x(input, s.batch * s.channels * s.height * s.width);
+    KernelOutput<T> y(out, s.rois * s.channels * s.pooled_height * s.pooled_width);
+    kernels::roi_align(x.get(), rois, y.get(), s, max_pool, SessionThreads(context));
+    y.finish();
   }
-
-  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& input,
-                      const Ort::Custom::Tensor<T>& rois, Ort::Custom::Tensor<T>& out) {
-    return guarded(Op, [&] {
-      const kernels::RoiAlignRotatedNames names{Op, "input input (index 0)", "input rois (index 1)"};
-      kernels::RoiAlignRotatedShape shape;
-      auto status = kernels::check_roi_align(names, input.Shape(), rois.Shape(), attributes, shape);
-      if (!status.ok()) return from_kernel(status);
-      std::vector<kernels::roi_align_rotated_detail::Roi> read;
-      status = kernels::read_rois(names, KernelInput<T>(rois).get(), shape, attributes, read);
-      if (!status.ok()) return from_kernel(status);
-      const std::vector<int64_t> out_shape{shape.rois, shape.channels, shape.pooled_height, shape.pooled_width};
-      KernelOutput<T> y(out.Allocate(out_shape), element_count(out_shape));
-      if (shape.rois == 0 || shape.channels == 0) return Ort::Status(nullptr);
-      kernels::roi_align(KernelInput<T>(input).get(), read, y.get(), shape, attributes.max_pool,
-                         SessionThreads(context));
-      y.finish();
-      return Ort::Status(nullptr);
-    });
-  }
-
-  kernels::RoiAlignAttributes attributes;
 };
 
 template <const char* Op>
 void append_mmcv_roi_align(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(
-      complete_op(Ort::Custom::CreateLiteCustomOp<MmcvRoiAlign<float, Op>>("MMCVRoiAlign", "CPUExecutionProvider")));
-  ops.push_back(
-      complete_op(Ort::Custom::CreateLiteCustomOp<MmcvRoiAlign<double, Op>>("MMCVRoiAlign", "CPUExecutionProvider")));
-  ops.push_back(complete_op(
-      Ort::Custom::CreateLiteCustomOp<MmcvRoiAlign<Ort::Float16_t, Op>>("MMCVRoiAlign", "CPUExecutionProvider")));
+  roi_align_adapter::append_typed<Cpu, float, Op>(ops);
+  roi_align_adapter::append_typed<Cpu, double, Op>(ops);
+  roi_align_adapter::append_typed<Cpu, Ort::Float16_t, Op>(ops);
 }
 
 }  // namespace
 
-OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRoiAlign, 1, append_mmcv_roi_align<kOp>);
-OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVRoiAlign, 1, append_mmcv_roi_align<kMmdeployOp>);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRoiAlign, 1, append_mmcv_roi_align<roi_align_adapter::kOp>);
+OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVRoiAlign, 1, append_mmcv_roi_align<roi_align_adapter::kMmdeployOp>);
 
 }  // namespace opbridge::ort

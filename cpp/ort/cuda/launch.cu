@@ -7,6 +7,7 @@
 #include "kernels/grid_sample.cuh"
 #include "kernels/ms_deform_attn.cuh"
 #include "kernels/my_add.cuh"
+#include "kernels/roi_align.cuh"
 #include "kernels/rotated.cuh"
 
 namespace opbridge::ort::cuda {
@@ -82,18 +83,36 @@ class StreamBuffer {
   cudaError_t error_;
 };
 
+// The rois read and checked on the host, in stream-ordered device memory for the kernel (from pageable memory:
+// the copy returns once `rois` is staged, so the vector may go).
+template <class Launch>
+const char* with_rois(const std::vector<kernels::roi_align_rotated_detail::Roi>& rois, cudaStream_t stream,
+                      Launch&& launch) {
+  using Roi = kernels::roi_align_rotated_detail::Roi;
+  const StreamBuffer table(sizeof(Roi) * rois.size(), stream);
+  if (table.error() != cudaSuccess) return message(table.error());
+  const cudaError_t copied =
+      cudaMemcpyAsync(table.get<Roi>(), rois.data(), sizeof(Roi) * rois.size(), cudaMemcpyHostToDevice, stream);
+  if (copied != cudaSuccess) return message(copied);
+  return message(launch(table.get<Roi>()));
+}
+
 template <class T>
 const char* roi_align_rotated(const T* input, const std::vector<kernels::roi_align_rotated_detail::Roi>& rois, T* out,
                               const kernels::RoiAlignRotatedShape& shape, void* stream) {
-  using Roi = kernels::roi_align_rotated_detail::Roi;
   const auto s = static_cast<cudaStream_t>(stream);
-  const StreamBuffer table(sizeof(Roi) * rois.size(), s);
-  if (table.error() != cudaSuccess) return message(table.error());
-  // From pageable memory: the call returns once `rois` is staged, so the vector may go.
-  const cudaError_t copied =
-      cudaMemcpyAsync(table.get<Roi>(), rois.data(), sizeof(Roi) * rois.size(), cudaMemcpyHostToDevice, s);
-  if (copied != cudaSuccess) return message(copied);
-  return message(kernels::cuda::roi_align_rotated_forward(input, table.get<Roi>(), out, shape, s));
+  return with_rois(rois, s, [&](const auto* table) {
+    return kernels::cuda::roi_align_rotated_forward(input, table, out, shape, s);
+  });
+}
+
+template <class T>
+const char* roi_align(const T* input, const std::vector<kernels::roi_align_rotated_detail::Roi>& rois, T* out,
+                      const kernels::RoiAlignRotatedShape& shape, bool max_pool, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  return with_rois(rois, s, [&](const auto* table) {
+    return kernels::cuda::roi_align_forward(input, table, out, shape, max_pool, s);
+  });
 }
 
 template <class T>
@@ -134,6 +153,8 @@ template const char* grid_sample(const double*, const double*, double*, const ke
 #define OPBRIDGE_ROTATED_LAUNCHES(T)                                                                                   \
   template const char* roi_align_rotated(const T*, const std::vector<kernels::roi_align_rotated_detail::Roi>&, T*,     \
                                          const kernels::RoiAlignRotatedShape&, void*);                                 \
+  template const char* roi_align(const T*, const std::vector<kernels::roi_align_rotated_detail::Roi>&, T*,             \
+                                 const kernels::RoiAlignRotatedShape&, bool, void*);                                   \
   template const char* rotated_feature_align(const T*, const T*, T*, const kernels::RotatedFeatureAlignShape&, double, \
                                              void*);                                                                   \
   template const char* box_iou_rotated(const T*, const T*, T*, const kernels::BoxIouRotatedShape&, int64_t, bool,      \

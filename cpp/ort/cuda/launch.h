@@ -40,6 +40,10 @@ const char* roi_align_rotated(const T* input, const std::vector<kernels::roi_ali
                               const kernels::RoiAlignRotatedShape& shape, void* stream);
 
 template <class T>
+const char* roi_align(const T* input, const std::vector<kernels::roi_align_rotated_detail::Roi>& rois, T* out,
+                      const kernels::RoiAlignRotatedShape& shape, bool max_pool, void* stream);
+
+template <class T>
 const char* rotated_feature_align(const T* features, const T* boxes, T* out,
                                   const kernels::RotatedFeatureAlignShape& shape, double spatial_scale, void* stream);
 

@@ -10,6 +10,7 @@
 #include "ort/grid_sampler.h"
 #include "ort/ms_deform_attn.h"
 #include "ort/my_add.h"
+#include "ort/roi_align.h"
 #include "ort/rotated.h"
 
 namespace opbridge::ort {
@@ -59,6 +60,13 @@ struct Cuda {
                                 const std::vector<kernels::roi_align_rotated_detail::Roi>& rois, T* out,
                                 const kernels::RoiAlignRotatedShape& shape) {
     check(cuda::roi_align_rotated(input, rois, out, shape, stream_of(context)));
+  }
+
+  template <class T>
+  static void roi_align(OrtKernelContext* context, const T* input,
+                        const std::vector<kernels::roi_align_rotated_detail::Roi>& rois, T* out,
+                        const kernels::RoiAlignRotatedShape& shape, bool max_pool) {
+    check(cuda::roi_align(input, rois, out, shape, max_pool, stream_of(context)));
   }
 
   template <class T>
@@ -121,6 +129,11 @@ void append_opbridge_rotated_feature_align(Ops& ops) {
 void append_mmcv_rotated_feature_align(Ops& ops) {
   append_rotated_feature_align<rotated_adapter::kMmcvFeatureAlignOp>("MMCVRotatedFeatureAlign", ops);
 }
+template <const char* Op>
+void append_roi_align(Ops& ops) {
+  roi_align_adapter::append_typed<Cuda, float, Op>(ops);
+  roi_align_adapter::append_typed<Cuda, double, Op>(ops);
+}
 void append_box_iou_rotated(Ops& ops) {
   rotated_adapter::append_box_iou_rotated<Cuda, float>(ops);
   rotated_adapter::append_box_iou_rotated<Cuda, double>(ops);
@@ -144,5 +157,7 @@ OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVRoIAlignRotated, 1, append_mmdeploy_roi_al
 OPBRIDGE_ORT_OP(RotatedFeatureAlign, 1, append_opbridge_rotated_feature_align);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRotatedFeatureAlign, 1, append_mmcv_rotated_feature_align);
 OPBRIDGE_ORT_OP(BoxIouRotated, 1, append_box_iou_rotated);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRoiAlign, 1, append_roi_align<roi_align_adapter::kOp>);
+OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVRoiAlign, 1, append_roi_align<roi_align_adapter::kMmdeployOp>);
 
 }  // namespace opbridge::ort

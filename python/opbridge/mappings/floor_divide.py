@@ -6,9 +6,9 @@ large, for floats and integers alike (measured by the coverage sweep: ``tensor([
 number (box decoding, grid offsets). The dynamo exporter's rule, ``Floor(a / b)``, is one too large where
 ``a / b`` rounds up to an integer (``1.0 // 0.1`` is 9 in torch, 10 there): this rule replaces it too.
 
-Integer sizes cost one node: constants are folded, and a dividend known non-negative (a shape's entries and what
-indexing, adding or multiplying them gives) over a positive constant is one ``Div`` (truncation is the floor
-there); RF-DETR's TorchScript export doubled in nodes before (1624 -> 3242 with opbridge imported).
+Dynamic integer sizes cost one node: a dividend computed from a dynamic dimension of a shape, over a positive
+constant, is one ``Div`` (truncation is the floor there); RF-DETR's TorchScript export doubled in nodes before
+(1624 -> 3242 with opbridge imported). Sizes the exporter knows keep the correction (see the rule).
 
 Floats follow torch's ``div_floor`` (the quotient of ``a - fmod(a, b)``, corrected by one where the remainder's
 sign differs from ``b``'s; ``a / b`` where ``b == 0``); integers correct the truncated quotient where the
@@ -40,13 +40,14 @@ def _floor_divide(b, self, other):
                             "torch's own rule below it truncates instead of flooring")  # fmt: skip
     a = self if a_type == result else b.op("Cast", self, to=_ONNX_TYPES[result])
     d = other if b_type == result else b.op("Cast", other, to=_ONNX_TYPES[result])
-    if not result.is_floating_point:
-        # Sizes (a shape's entries divided by a stride, a patch size): fold what the exporter knows, and where the
-        # dividend cannot be negative and the divisor is positive, truncation is the floor: one Div.
-        a_value, d_value = b.constant_value(a), b.constant_value(d)
-        if a_value is not None and d_value is not None and d_value.numel() and bool((d_value != 0).all()):
-            return b.tensor(torch.floor_divide(a_value, d_value).to(result))
-        if d_value is not None and d_value.numel() and bool((d_value > 0).all()) and b.nonnegative(a):
+    if not result.is_floating_point and b.exporter == "legacy":
+        # A size the exporter does not know (a dynamic dimension of a shape, over a stride or a patch size) divided
+        # by a positive constant: truncation is the floor there, one Div (RF-DETR's TorchScript export doubled in
+        # nodes with the correction chain, 1624 -> 3242). Sizes the exporter knows keep the chain: a Div it could
+        # fold lets its constant folding turn a model's linspace grids into float64 constants (transformers'
+        # Mask2Former: the sampling grids of its grid_sample came out float64, and the model no longer loaded).
+        d_value = b.constant_value(d)
+        if d_value is not None and d_value.numel() and bool((d_value > 0).all()) and b.dynamic_size(a):
             return b.op("Div", a, d)
     zero = b.op("Cast", b.constant(0), to=_ONNX_TYPES[result])
     one = b.op("Cast", b.constant(1), to=_ONNX_TYPES[result])

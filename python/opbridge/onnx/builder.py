@@ -210,14 +210,30 @@ class LegacyBuilder(_Shared):
         constant = node.kind() in ("onnx::Constant", "prim::Constant") and node.hasAttribute("value")
         return node.t("value") if constant and node.kindOf("value") == "t" else None
 
-    def nonnegative(self, value, depth: int = 16) -> bool:
-        """Whether ``value`` is known to hold no negative number: sizes (Shape, Size) and what indexing, casting,
-        adding, multiplying or dividing them gives, and constants without a negative element."""
+    def dynamic_size(self, value, depth: int = 16) -> bool:
+        """Whether ``value`` is a size the exporter does not know: computed from a Shape (or Size) of a value with a
+        dynamic dimension by indexing, casting, adding, multiplying or dividing, with non-negative constants, so it
+        holds no negative number and will not be folded."""
+        return self._size_kind(value, depth) == "dynamic"
+
+    def _size_kind(self, value, depth: int) -> str | None:
+        """ "dynamic" or "static" for a non-negative size expression (as dynamic_size), None for anything else."""
         constant = self.constant_value(value)
         if constant is not None:
-            return bool((constant >= 0).all()) if constant.numel() else True
+            return "static" if not constant.numel() or bool((constant >= 0).all()) else None
         if depth == 0:
-            return False
+            return None
+        node = value.node()
+        kind = node.kind().split("::")[-1]
+        inputs = list(node.inputs())
+        if kind in ("Shape", "Size") and inputs:
+            sizes = self.static_shape(inputs[0])
+            return "static" if sizes is not None and None not in sizes else "dynamic"
+        operands = inputs[:1] if kind in _FIRST_INPUT_KEEPS_SIGN else inputs if kind in _ALL_INPUTS_KEEP_SIGN else []
+        kinds = [self._size_kind(i, depth - 1) for i in operands]
+        if not kinds or None in kinds:
+            return None
+        return "dynamic" if "dynamic" in kinds else "static"
         node = value.node()
         kind = node.kind().split("::")[-1]
         inputs = list(node.inputs())
@@ -342,33 +358,6 @@ class DynamoBuilder(_Shared):
         if shape is None:
             return None
         return [d if isinstance(d, int) else None for d in shape]
-
-    def constant_value(self, value) -> torch.Tensor | None:
-        """The value of a constant input (the exporter's folded constants), or None."""
-        constant = getattr(value, "const_value", None)
-        if constant is None:
-            return None
-        try:
-            return torch.from_numpy(constant.numpy().copy())
-        except Exception:  # a value the IR cannot give as an array: treat as unknown
-            return None
-
-    def nonnegative(self, value, depth: int = 16) -> bool:
-        """As LegacyBuilder.nonnegative, over the IR's producers."""
-        constant = self.constant_value(value)
-        if constant is not None:
-            return bool((constant >= 0).all()) if constant.numel() else True
-        producer = value.producer() if depth and hasattr(value, "producer") else None
-        if producer is None:
-            return False
-        inputs = [i for i in producer.inputs if i is not None]
-        if producer.op_type in ("Shape", "Size"):
-            return True
-        if producer.op_type in _FIRST_INPUT_KEEPS_SIGN and inputs:
-            return self.nonnegative(inputs[0], depth - 1)
-        if producer.op_type in _ALL_INPUTS_KEEP_SIGN and inputs:
-            return all(self.nonnegative(i, depth - 1) for i in inputs)
-        return False
 
     def zeros(self, length: int, like):
         shape = self._standard.Constant(value_ints=[length])
