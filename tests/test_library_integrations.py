@@ -127,3 +127,46 @@ def test_ultralytics_rtdetr_model_is_served_and_exports_the_node(tmp_path, op_ca
         exported = opbridge.onnx.export(Boxes(model.float()), (pixels.float(),), None, lowering="custom",
                                         dynamo=False, opset_version=17)  # fmt: skip
     assert "MultiScaleDeformableAttention" in {n.op_type for n in exported.graph.node if n.domain == "opbridge"}
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("library", ["ultralytics", "rfdetr"])
+def test_patched_layers_export_as_the_node_with_either_exporter(library, dynamo):
+    """The libraries' attention layers (rfdetr's in its export mode, which its own export() sets), patched, export
+    as opbridge::MultiScaleDeformableAttention with both exporters and run in ONNX Runtime as in eager."""
+    import numpy as np
+
+    opbridge_ort = pytest.importorskip("opbridge_ort")
+    generator = torch.Generator().manual_seed(4)
+    query, value = torch.randn(2, 7, 32, generator=generator), torch.randn(2, KEYS, 32, generator=generator)
+    if library == "ultralytics":
+        layer = pytest.importorskip("ultralytics.nn.modules.transformer").MSDeformAttn(32, 3, 4, 2).eval()
+        inputs = (query, torch.rand(2, 7, 1, 2, generator=generator), value)
+
+        def call(q, reference, v):
+            return layer(q, reference, v, SHAPES)
+    else:
+        layer = pytest.importorskip("rfdetr.models.ops.modules.ms_deform_attn").MSDeformAttn(32, 3, 4, 2).eval()
+        layer._export = True
+        inputs = (query, torch.rand(2, 7, 3, 2, generator=generator), value, torch.tensor(SHAPES),
+                  torch.tensor([0, 80, 100]))  # fmt: skip
+
+        def call(q, reference, v, shapes, starts):
+            return layer(q, reference, v, shapes, starts, None, SHAPES)
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, *args):
+            return call(*args)
+
+    with opbridge.patch_model(layer), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = Layer()(*inputs)
+        model = opbridge.onnx.export(Layer(), inputs, None, lowering="custom", dynamo=dynamo, opset_version=18)
+    assert {n.op_type for n in model.graph.node if n.domain == "opbridge"} == {"MultiScaleDeformableAttention"}
+    session = opbridge_ort.InferenceSession(model.SerializeToString())
+    feeds = {i.name: a.numpy() for i, a in zip(model.graph.input, inputs, strict=False)}
+    np.testing.assert_allclose(session.run(None, feeds)[0], expected.detach().numpy(), rtol=1e-5, atol=1e-6)
