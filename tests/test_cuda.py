@@ -67,6 +67,76 @@ def test_the_cuda_library_loads_into_any_torch_and_leaves_the_cpu_ops_alone():
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
+def _cmake_architectures(listed: str) -> dict[str, list[int]]:
+    """CMake's CUDA_ARCHITECTURES ("75-real,90": machine code; "-virtual": PTX only; plain: both) as
+    cuda_architectures reports them."""
+    found: dict[str, set[int]] = {"sm": set(), "ptx": set()}
+    for entry in filter(None, listed.split(",")):
+        number, _, kind = entry.partition("-")
+        for key in {"real": ["sm"], "virtual": ["ptx"], "": ["sm", "ptx"]}[kind]:
+            found[key].add(int(number))
+    return {key: sorted(values) for key, values in found.items()}
+
+
+@pytest.mark.skipif(not BUILD_INFO.CUDA_LIBRARY, reason="this opbridge was built without its CUDA library (no nvcc)")
+def test_the_cuda_library_has_code_for_the_architectures_it_was_built_for():
+    """Read from the library's fat binary (opbridge_ort.cuda_architectures), not from the build's word."""
+    import opbridge_ort
+
+    path = os.path.join(os.path.dirname(BUILD_INFO.__file__), BUILD_INFO.CUDA_LIBRARY)
+    found = opbridge_ort.cuda_architectures(path)
+    assert found == _cmake_architectures(BUILD_INFO.CUDA_ARCHITECTURES)
+    assert found["ptx"] and max(found["ptx"]) >= max(found["sm"])  # PTX of the newest, for later GPUs
+    with pytest.raises(ValueError, match="no CUDA fat binary"):
+        opbridge_ort.cuda_architectures(os.path.join(os.path.dirname(BUILD_INFO.__file__), BUILD_INFO.OPS_LIBRARY))
+
+
+def test_the_driver_check_follows_cudas_minor_version_compatibility():
+    """A runtime of CUDA 13.x runs on any driver for CUDA 13.0 or newer, not on a CUDA 12 driver."""
+    assert _extension.driver_problem("13.0", 13000) == ""
+    assert _extension.driver_problem("13.0", 13020) == ""
+    assert _extension.driver_problem("13.2", 13000) == ""  # minor-version compatibility
+    assert _extension.driver_problem("12.8", 13000) == ""
+    problem = _extension.driver_problem("13.0", 12080)
+    assert "supports CUDA 12.8" in problem and "CUDA >= 13.0" in problem and "R580" in problem
+    assert "docs/packaging.md" in problem
+    assert _extension.driver_problem("13.0", None) == ""  # no driver: no GPU to run on, nothing to say
+    assert _extension.driver_problem("", 11000) == ""  # a build that did not record its runtime
+
+
+@pytest.mark.skipif(torch.version.cuda is None or not BUILD_INFO.CUDA_LIBRARY,
+                    reason="needs a CUDA build of torch and an opbridge with its CUDA library")  # fmt: skip
+def test_a_driver_too_old_for_the_cuda_library_gives_one_warning_and_the_cpu_ops_work(stand_in_driver):
+    """Under a driver for CUDA 12.8 (a stand-in libcuda) the library built with CUDA 13 is not loaded: one
+    RuntimeWarning at import, the CPU ops answer, and the ops' CUDA kernels are refusals that give the reason."""
+    code = (
+        "import warnings, torch\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import opbridge\n"
+        "    from opbridge import _extension\n"
+        "said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]\n"
+        "assert len(said) == 1 and 'supports CUDA 12.8' in said[0], said\n"
+        "assert _extension.cuda_library is None\n"
+        "a = torch.arange(6.0).view(2, 3)\n"
+        "assert torch.equal(opbridge.my_add(a, a), 3 * a)\n"
+        "refusal = _extension.cuda_refusals['opbridge::ms_deform_attn']\n"
+        "try:\n"
+        "    refusal(a)\n"
+        "except RuntimeError as error:\n"
+        "    assert 'supports CUDA 12.8' in str(error) and 'R580' in str(error), error\n"
+        "else:\n"
+        "    raise AssertionError('no refusal')\n"
+        "print('ok')\n"
+    )
+    runtime = BUILD_INFO.CUDA_RUNTIME if hasattr(BUILD_INFO, "CUDA_RUNTIME") else ""
+    if not runtime.startswith("13."):
+        pytest.skip(f"the stand-in driver says CUDA 12.8, older only than a CUDA 13 library (this one: {runtime!r})")
+    env = {**os.environ, "LD_LIBRARY_PATH": stand_in_driver(12080)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
 # --- on the GPU -----------------------------------------------------------------------------------------------------
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -59,6 +61,29 @@ def test_the_ort_cuda_library_is_built_where_nvcc_is_and_exports_one_function():
     assert b"opbridge_ort_cuda_ops" in data
     # Static CUDA runtime: no libcudart to find at load time.
     assert b"libcudart.so" not in data
+
+
+@pytest.mark.skipif(not os.path.isfile(CUDA_LIBRARY), reason="this opbridge_ort was built without its CUDA library")
+def test_the_ort_cuda_library_checks_the_driver_before_it_registers_nodes(stand_in_driver):
+    """libopbridge_ort_cuda.so says whether this process can run it (libopbridge_ort.so asks before taking its
+    nodes): a driver of its CUDA major release or newer can; an older one gets a sentence naming both versions."""
+    code = (
+        "import ctypes, sys\n"
+        "library = ctypes.CDLL(sys.argv[1])\n"
+        "message = ctypes.create_string_buffer(512)\n"
+        "print(library.opbridge_ort_cuda_problem(message, 512), message.value.decode())\n"
+    )
+
+    def problem(driver):
+        env = {**os.environ, "LD_LIBRARY_PATH": stand_in_driver(driver)}
+        result = subprocess.run([sys.executable, "-c", code, CUDA_LIBRARY], capture_output=True, text=True, env=env,
+                                timeout=120, check=True)  # fmt: skip
+        found, _, message = result.stdout.strip().partition(" ")
+        return int(found), message
+
+    assert problem(99000) == (0, "")
+    found, message = problem(11080)
+    assert found == 2 and "supports CUDA 11.8" in message and "libopbridge_ort_cuda.so" in message, message
 
 
 # --- on the GPU -----------------------------------------------------------------------------------------------------
@@ -243,7 +268,8 @@ def test_the_ort_cuda_library_registers_its_nodes_and_inspect_sees_them():
                  ("mmdeploy", "MMCVMultiScaleDeformableAttention"), ("mmcv", "MMCVModulatedDeformConv2d"),
                  ("opbridge", "RoiAlignRotated"), ("mmcv", "MMCVRoIAlignRotated"), ("mmdeploy", "MMCVRoIAlignRotated"),
                  ("opbridge", "RotatedFeatureAlign"), ("mmcv", "MMCVRotatedFeatureAlign"),
-                 ("opbridge", "BoxIouRotated"), ("mmcv", "MMCVRoiAlign"), ("mmdeploy", "MMCVRoiAlign")]:  # fmt: skip
+                 ("opbridge", "BoxIouRotated"), ("mmcv", "MMCVRoiAlign"), ("mmdeploy", "MMCVRoiAlign"),
+                 ("mmcv", "NonMaxSuppression"), ("opbridge", "NmsRotated")]:  # fmt: skip
         assert node in nodes, node
     # Every CUDA node is also a CPU node of the main library (the CPU provider is the fallback).
     cpu = {("opbridge", op) for op in opbridge_ort.ops()} | set(opbridge_ort.foreign_ops())
@@ -401,3 +427,53 @@ def test_mmcv_roi_align_on_the_cuda_ep(domain, mode, ratio, aligned, dtype):
     else:
         tolerance = 1e-12 if dtype == np.float64 else 2e-6
         np.testing.assert_allclose(out, cpu, rtol=tolerance, atol=tolerance)
+
+
+def _clustered_boxes(rng, count, width, spread=20.0):
+    """Boxes around a few centers (many overlaps, ties and NaN among the scores checked separately)."""
+    centers = rng.uniform(0, spread, (max(count // 4, 1), 2))[np.arange(count) % max(count // 4, 1)]
+    centers = centers + rng.standard_normal((count, 2))
+    sizes = rng.uniform(0.5, 6, (count, 2))
+    if width == 4:
+        return np.concatenate([centers - sizes / 2, centers + sizes / 2], 1)
+    return np.concatenate([centers, sizes, rng.uniform(-6, 6, (count, 1))], 1)
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("count", [1, 63, 64, 65, 700])
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mmcv_nms_on_the_cuda_ep(count, offset, dtype):
+    """The kept indices of mmcv::NonMaxSuppression on the GPU equal the CPU node's (itself checked against mmcv's
+    values and torchvision's nms), in order: equal scores, a NaN score and a NaN box included."""
+    rng = np.random.default_rng(count + offset)
+    boxes = _clustered_boxes(rng, count, 4).astype(dtype)
+    scores = rng.uniform(0, 1, count).round(2).astype(dtype)  # rounding makes ties
+    if count > 3:
+        scores[1], boxes[2, 0] = np.nan, np.nan
+    for threshold in (0.0, 0.3, 0.7):
+        model = _model("NonMaxSuppression", "mmcv", [("boxes", boxes), ("scores", scores)], TensorProto.INT64,
+                       dict(iou_threshold=threshold, offset=offset))  # fmt: skip
+        feeds = {"boxes": boxes, "scores": scores}
+        np.testing.assert_array_equal(_run(model, feeds, cuda=True), _run(model, feeds, cuda=False))
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("count", [1, 64, 300])
+@pytest.mark.parametrize("labelled", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nms_rotated_node_on_the_cuda_ep(count, labelled, dtype):
+    """opbridge::NmsRotated on the GPU keeps what opbridge.nms_rotated keeps on the CPU (and the CPU node)."""
+    import opbridge
+
+    rng = np.random.default_rng(count)
+    boxes = _clustered_boxes(rng, count, 5).astype(dtype)
+    scores = rng.uniform(0, 1, count).round(2).astype(dtype)
+    labels = rng.integers(0, 3, count).astype(np.int64) if labelled else None
+    inputs = [("boxes", boxes), ("scores", scores), ("labels", labels)]
+    model = _model("NmsRotated", "opbridge", inputs, TensorProto.INT64, dict(iou_threshold=0.3, clockwise=1))
+    feeds = {"boxes": boxes, "scores": scores, "labels": labels}
+    expected = opbridge.nms_rotated(torch.from_numpy(boxes), torch.from_numpy(scores), 0.3,
+                                    None if labels is None else torch.from_numpy(labels)).numpy()  # fmt: skip
+    np.testing.assert_array_equal(_run(model, feeds, cuda=True), expected)
+    np.testing.assert_array_equal(_run(model, feeds, cuda=False), expected)

@@ -301,3 +301,17 @@ def test_errors_thrown_in_the_libraries_reach_the_caller():
     with pytest.raises(Exception, match=r"opbridge::MyAdd.*input A") as error:
         session.run(None, {"a": np.ones((2, 3), np.float32), "b": np.ones((4,), np.float32)})
     assert type(error.value).__module__.startswith("onnxruntime"), type(error.value)
+
+
+def test_both_cuda_libraries_have_code_for_the_same_gpus():
+    """The torch ops' CUDA library and the ORT nodes' serve the same GPUs (the wheels: WHEEL_CUDA_ARCHITECTURES
+    of the noxfile, sm_75 to sm_120 and PTX), read from their fat binaries."""
+    import opbridge_ort
+
+    ort_library = opbridge_ort.cuda_library_path()
+    if not BUILD_INFO.CUDA_LIBRARY or ort_library is None:
+        pytest.skip("needs both CUDA libraries (opbridge and opbridge_ort built where nvcc is, or the wheels)")
+    torch_library = Path(BUILD_INFO.__file__).parent / BUILD_INFO.CUDA_LIBRARY
+    found = opbridge_ort.cuda_architectures(str(torch_library))
+    assert found == opbridge_ort.cuda_architectures(ort_library)
+    assert found["sm"] and found["ptx"] and max(found["ptx"]) >= max(found["sm"])

@@ -17,7 +17,7 @@ import pytest
 import tomllib
 import yaml
 
-from opbridge.tools import ci_matrix, repair_wheel
+from opbridge.tools import ci_matrix, cuda_toolkit, repair_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
@@ -93,6 +93,30 @@ def test_cibuildwheel_builds_every_python_with_the_wheels_settings():
     assert "repair_wheel.py" in config["repair-wheel-command"]
     runtime = tomllib.loads((ROOT / "python" / "runtime" / "pyproject.toml").read_text())["tool"]["cibuildwheel"]
     assert "repair_wheel.py" in runtime["repair-wheel-command"]
+    assert {f"--config-settings={k}={v}" for k, v in runtime["config-settings"].items()} == set(noxfile.WHEEL_DEFINES)
+
+
+def test_the_wheels_build_their_cuda_libraries_as_nox_does():
+    """The stable wheels carry the CUDA ops and the runtime wheel the ORT CUDA nodes, built with the pinned toolkit
+    (cuda_toolkit.py installs it where CUDACXX points); the classic wheels carry none: in the workflow's matrix, in
+    cibuildwheel's settings and in `nox -s wheels` (WHEEL_CUDA)."""
+    noxfile = _noxfile()
+    nvcc = str(cuda_toolkit.nvcc(Path("/tmp/opbridge-cuda")))
+    torch_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["cibuildwheel"]
+    runtime = tomllib.loads((ROOT / "python" / "runtime" / "pyproject.toml").read_text())["tool"]["cibuildwheel"]
+    for config, variable, target in ((torch_config, "OPBRIDGE_BUILD_CUDA", "stable"),
+                                     (runtime, "OPBRIDGE_BUILD_ORT_CUDA", "runtime")):  # fmt: skip
+        assert config["environment"][variable] == noxfile.WHEEL_CUDA[target][variable] == "ON"
+        assert config["environment"]["CUDACXX"] == nvcc
+        assert "cuda_toolkit.py /tmp/opbridge-cuda" in config["before-build"]
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yml").read_text())
+    wheels = workflow["jobs"]["wheels"]
+    for entry in wheels["strategy"]["matrix"]["include"]:
+        expected = noxfile.WHEEL_CUDA.get(entry["target"], {}).get("OPBRIDGE_BUILD_CUDA", "OFF")
+        assert entry["cuda"] == expected, entry
+    (build,) = [step for step in wheels["steps"] if "cibuildwheel" in step.get("uses", "")]
+    environment = build["env"]["CIBW_ENVIRONMENT_LINUX"]
+    assert "OPBRIDGE_BUILD_CUDA=${{ matrix.cuda }}" in environment and f"CUDACXX={nvcc}" in environment
 
 
 def _audit(tag: str, external: list[str]) -> dict:

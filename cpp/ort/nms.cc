@@ -1,8 +1,7 @@
 // ORT adapters of kernels/nms.h, under the nodes mmcv's exporter writes for mmcv.ops.nms and mmcv.ops.soft_nms
 // (two-stage detectors' RPN and test-time NMS; soft NMS in mmdetection's test_cfg):
-// - mmcv::NonMaxSuppression(boxes [N, 4], scores [N]) -> indices [M] int64 in decreasing score order, attributes
-//   iou_threshold (float) and offset (int, 0 or 1). (Not ONNX's NonMaxSuppression: mmcv's domain, mmcv's
-//   contract.) mmcv's symbolic drops nms's score_threshold and max_num: the node has neither.
+// - mmcv::NonMaxSuppression (ort/nms.h, its adapter for both libraries). mmcv's symbolic drops nms's
+//   score_threshold and max_num: the node has neither.
 // - mmcv::SoftNonMaxSuppression(boxes [N, 4], scores [N]) -> (dets [M, 5] = (x1, y1, x2, y2, decayed score),
 //   inds [M] int64), attributes iou_threshold, sigma, min_score (floats), method (0 naive, 1 linear, 2
 //   gaussian) and offset (ints).
@@ -20,54 +19,14 @@
 
 #include "kernels/nms.h"
 #include "ort/api.h"
+#include "ort/nms.h"
 
 namespace opbridge::ort {
 namespace {
 
-constexpr char kNmsOp[] = "mmcv::NonMaxSuppression";
 constexpr char kSoftNmsOp[] = "mmcv::SoftNonMaxSuppression";
 constexpr char kCpu[] = "CPUExecutionProvider";
-
-void throw_if(const kernels::Status& status) {
-  if (!status.ok()) throw std::invalid_argument(status.message);
-}
-
-// A float attribute that must be present and finite.
-float required_float(const OrtApi* api, const OrtKernelInfo* info, const char* op, const char* name) {
-  const float value = float_attribute(api, info, op, name, NAN);
-  if (!std::isfinite(value)) {
-    throw std::invalid_argument(std::string(op) + ": attribute '" + name + "' (a finite float) is required");
-  }
-  return value;
-}
-
-template <class T>
-struct NonMaxSuppression {
-  NonMaxSuppression(const OrtApi* api, const OrtKernelInfo* info)
-      : iou_threshold(required_float(api, info, kNmsOp, "iou_threshold")),
-        offset(int_attribute(api, info, kNmsOp, "offset", 0)) {
-    throw_if(kernels::check_nms_offset(kNmsOp, offset));
-  }
-
-  Ort::Status Compute(const Ort::Custom::Tensor<T>& boxes, const Ort::Custom::Tensor<T>& scores,
-                      Ort::Custom::Tensor<int64_t>& indices) {
-    return guarded(kNmsOp, [&] {
-      int64_t count = 0;
-      const auto status = kernels::check_nms(kNmsOp, boxes.Shape(), scores.Shape(), count);
-      if (!status.ok()) return from_kernel(status);
-      std::vector<int64_t> kept;
-      if (count > 0) {
-        kept = kernels::nms(KernelInput<T>(boxes).get(), KernelInput<T>(scores).get(), count, iou_threshold, offset);
-      }
-      int64_t* out = indices.Allocate({static_cast<int64_t>(kept.size())});
-      std::copy(kept.begin(), kept.end(), out);
-      return Ort::Status(nullptr);
-    });
-  }
-
-  double iou_threshold;
-  int64_t offset;
-};
+using nms_adapter::throw_if;
 
 template <class T>
 struct SoftNonMaxSuppression {
@@ -156,10 +115,9 @@ void append_nms_match(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
 }
 
 void append_nms(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<NonMaxSuppression<float>>("NonMaxSuppression", kCpu)));
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<NonMaxSuppression<double>>("NonMaxSuppression", kCpu)));
-  ops.push_back(
-      complete_op(Ort::Custom::CreateLiteCustomOp<NonMaxSuppression<Ort::Float16_t>>("NonMaxSuppression", kCpu)));
+  nms_adapter::append_nms<nms_adapter::Cpu, float>(ops);
+  nms_adapter::append_nms<nms_adapter::Cpu, double>(ops);
+  nms_adapter::append_nms<nms_adapter::Cpu, Ort::Float16_t>(ops);
 }
 
 void append_soft_nms(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {

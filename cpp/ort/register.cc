@@ -55,6 +55,15 @@ std::vector<DeviceOp> cuda_ops(const OrtApi* api, int version) {
   }
   // Never closed: the nodes live as long as the process (see make_domains).
   void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // A machine without an NVIDIA driver runs no CUDA session: nothing to say. A driver too old for the library's
+  // CUDA runtime: said once, and the nodes run on the CPU execution provider.
+  using Problem = int (*)(char*, int);
+  auto problem = library != nullptr ? reinterpret_cast<Problem>(dlsym(library, "opbridge_ort_cuda_problem")) : nullptr;
+  char reason[512] = {};
+  if (const int found = problem != nullptr ? problem(reason, sizeof(reason)) : 0; found != 0) {
+    if (found == 2) std::fprintf(stderr, "opbridge: %s; opbridge's nodes run on the CPU execution provider\n", reason);
+    return ops;
+  }
   using Entry = int (*)(const OrtApi*, int, void (*)(void*, const char*, OrtCustomOp*), void*);
   auto entry = library != nullptr ? reinterpret_cast<Entry>(dlsym(library, "opbridge_ort_cuda_ops")) : nullptr;
   if (entry == nullptr || entry(

@@ -3,6 +3,7 @@ cannot work."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
 import warnings
@@ -96,6 +97,16 @@ def _load_cuda(build_info: ModuleType) -> None:
         refuse_cuda("opbridge", "this opbridge was built without its CUDA library (no CUDA compiler at build time)")
         return
     path = os.path.join(os.path.dirname(build_info.__file__), name)
+    problem = driver_problem(getattr(build_info, "CUDA_RUNTIME", ""), cuda_driver_version())
+    if problem:
+        warnings.warn(
+            f"opbridge's CUDA ops ({path}) are not loaded: {problem}. The CPU ops work; CUDA tensors passed to "
+            "opbridge's ops raise an error that says this.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        refuse_cuda("opbridge", problem)
+        return
     try:
         torch.ops.load_library(path)
     except OSError as error:
@@ -108,6 +119,38 @@ def _load_cuda(build_info: ModuleType) -> None:
         refuse_cuda("opbridge", f"its CUDA library failed to load: {error}")
         return
     cuda_library = path  # it has a kernel for every op (tests/test_cuda.py checks): no scan at import
+
+
+def cuda_driver_version() -> int | None:
+    """The CUDA version the NVIDIA driver supports (1000 * major + 10 * minor, as cuDriverGetVersion gives it), or
+    None without a driver. Asks libcuda directly: no CUDA context is created."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int(0)
+    if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return None
+    return version.value
+
+
+def driver_problem(runtime: str, driver: int | None) -> str:
+    """Why a CUDA library linked with CUDA `runtime` ("13.0") cannot run under a driver for CUDA `driver`, or "".
+    CUDA's minor-version compatibility: a runtime runs on any driver of its major release or newer. Without a
+    driver (None) there is nothing to run on and nothing to say; a build that did not record its runtime ("")
+    is trusted."""
+    if driver is None or not runtime:
+        return ""
+    needed = int(runtime.split(".")[0])
+    if driver // 1000 >= needed:
+        return ""
+    return (
+        f"the NVIDIA driver supports CUDA {driver // 1000}.{driver % 1000 // 10}, but opbridge's CUDA library is "
+        f"built with CUDA {runtime} and needs a driver for CUDA >= {needed}.0"
+        + (" (R580 or newer)" if needed == 13 else "")
+        + ". Update the NVIDIA driver, or build opbridge from source with this machine's CUDA toolkit "
+        '(docs/packaging.md, "CUDA in the wheels")'
+    )
 
 
 #: The CUDA kernels that only refuse, by op name (see refuse_cuda).
@@ -134,7 +177,7 @@ def refuse_cuda(namespace: str, reason: str) -> list[str]:
             raise RuntimeError(
                 f"{_qualified} cannot run on CUDA tensors (got tensors on {', '.join(devices) or 'cuda'}): {reason}. "
                 "Move its inputs to the CPU (tensor.cpu()) and the result back (.cuda()), or install an opbridge "
-                "built with its CUDA library (docs/packaging.md: built where nvcc is found)."
+                "with its CUDA library (the stable-ABI wheels carry it; a source build needs nvcc: docs/packaging.md)."
             )
 
         library.impl(name, refuse, "CUDA")

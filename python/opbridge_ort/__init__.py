@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "DOMAIN",
     "OPS",
     "InferenceSession",
+    "cuda_architectures",
     "cuda_library_path",
     "foreign_ops",
     "library_path",
@@ -83,6 +85,45 @@ def cuda_library_path() -> str | None:
     except FileNotFoundError:
         return None
     return str(path) if path.is_file() else None
+
+
+def cuda_architectures(path: str) -> dict[str, list[int]]:
+    """The GPUs a CUDA library has code for, read from its fat binary (the ELF section ``.nv_fatbin``):
+    ``{"sm": [75, 80, ...], "ptx": [120]}``, machine code by compute capability and PTX, which a newer GPU's
+    driver compiles at load. Works on opbridge's CUDA libraries (``cuda_library_path()``, and the torch wheel's
+    ``libopbridge_cuda.so``) without a GPU or CUDA. Raises ValueError for a file with no fat binary."""
+    data = Path(path).read_bytes()
+    if data[:5] != b"\x7fELF\x02":
+        raise ValueError(f"{path} is not a 64-bit ELF library")
+    (table,) = struct.unpack_from("<Q", data, 0x28)
+    entry_size, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
+    # Each section header's name, offset and size (skipping its type, flags and address).
+    headers = [struct.unpack_from("<I20xQQ", data, table + i * entry_size) for i in range(count)]
+    names_offset = headers[names_index][1]
+    fatbin = None
+    for name, offset, size in headers:
+        start = names_offset + name
+        if data[start : data.index(b"\0", start)] == b".nv_fatbin":
+            fatbin = data[offset : offset + size]
+    if fatbin is None:
+        raise ValueError(f"{path} has no CUDA fat binary (.nv_fatbin section)")
+    found: dict[str, set[int]] = {"sm": set(), "ptx": set()}
+    position = 0
+    # Fat binaries one after another, each a 16-byte header (magic, version, header size, size of its entries)
+    # and entries (kind 1: PTX, 2: ELF machine code; the compute capability at byte 28 of the entry's header).
+    while position + 16 <= len(fatbin):
+        magic, _, header, size = struct.unpack_from("<IHHQ", fatbin, position)
+        if magic != 0xBA55ED50:
+            break
+        entry, end = position + header, position + header + size
+        while entry < end:
+            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", fatbin, entry)
+            (architecture,) = struct.unpack_from("<I", fatbin, entry + 28)
+            if kind in (1, 2):
+                found["ptx" if kind == 1 else "sm"].add(architecture)
+            entry += entry_header + payload
+        position = end
+    return {kind: sorted(values) for kind, values in found.items()}
 
 
 @functools.cache

@@ -7,6 +7,7 @@
 #include "kernels/grid_sample.cuh"
 #include "kernels/ms_deform_attn.cuh"
 #include "kernels/my_add.cuh"
+#include "kernels/nms.cuh"
 #include "kernels/roi_align.cuh"
 #include "kernels/rotated.cuh"
 
@@ -25,6 +26,17 @@ struct Device<uint16_t> {
 };
 
 }  // namespace
+
+std::string driver_problem() {
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) return "no driver";
+  if (driver / 1000 >= CUDART_VERSION / 1000) return {};
+  auto release = [](int version) { return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10); };
+  return "the NVIDIA driver supports CUDA " + release(driver) + ", but libopbridge_ort_cuda.so is built with CUDA " +
+         release(CUDART_VERSION) + " and needs a driver for CUDA >= " + std::to_string(CUDART_VERSION / 1000) +
+         ".0 (R580 or newer for CUDA 13). Update the driver, or build opbridge-ort from source with this machine's "
+         "CUDA toolkit (docs/packaging.md)";
+}
 
 template <class T>
 const char* my_add(const T* a, const T* b, T* out, const kernels::BinaryLoop& loop, void* stream) {
@@ -133,6 +145,49 @@ const char* box_iou_rotated(const T* boxes1, const T* boxes2, T* out, const kern
       boxes1, boxes2, out, shape, mode, clockwise, polygons.get<Polygon>(), polygons.get<Polygon>() + shape.rows, s));
 }
 
+// kernels/nms.cuh's suppression in stream-ordered workspace, then the kept indices copied into the output.
+template <class T, class Box, class Prepare, class Overlaps>
+const char* suppress(const T* scores, const int64_t* groups, int64_t count, Prepare prepare, Overlaps overlaps,
+                     const std::function<int64_t*(int64_t)>& allocate, cudaStream_t stream) {
+  if (count > kernels::cuda::nms_device::kMaxBoxes) {
+    return "more boxes than one suppression on CUDA takes (65535 * 64, the grid of its mask); pre-filter them by "
+           "score";
+  }
+  kernels::cuda::NmsPlan<T, Box> plan;
+  if (const cudaError_t error = kernels::cuda::NmsPlan<T, Box>::make(count, plan); error != cudaSuccess) {
+    return message(error);
+  }
+  const StreamBuffer workspace(plan.bytes, stream);
+  if (workspace.error() != cudaSuccess) return message(workspace.error());
+  const int64_t* keep = nullptr;
+  int64_t kept = 0;
+  if (const cudaError_t error =
+          kernels::cuda::nms(plan, workspace.get<void>(), scores, groups, prepare, overlaps, stream, keep, kept);
+      error != cudaSuccess) {
+    return message(error);
+  }
+  int64_t* out = allocate(kept);
+  if (kept == 0) return nullptr;
+  return message(cudaMemcpyAsync(out, keep, sizeof(int64_t) * kept, cudaMemcpyDeviceToDevice, stream));
+}
+
+template <class T>
+const char* nms(const T* boxes, const T* scores, int64_t count, double iou_threshold, int64_t offset,
+                const std::function<int64_t*(int64_t)>& allocate, void* stream) {
+  const T off = static_cast<T>(offset);
+  return suppress<T, kernels::cuda::AxisBox<T>>(scores, nullptr, count, kernels::cuda::AxisBoxes<T>{boxes, off},
+                                                kernels::cuda::AxisOverlaps<T>{off, static_cast<T>(iou_threshold)},
+                                                allocate, static_cast<cudaStream_t>(stream));
+}
+
+template <class T>
+const char* nms_rotated(const T* boxes, const T* scores, const int64_t* labels, int64_t count, double iou_threshold,
+                        bool clockwise, const std::function<int64_t*(int64_t)>& allocate, void* stream) {
+  return suppress<T, kernels::rotated::Polygon>(scores, labels, count, kernels::cuda::RotatedBoxes<T>{boxes, clockwise},
+                                                kernels::cuda::RotatedOverlaps{iou_threshold}, allocate,
+                                                static_cast<cudaStream_t>(stream));
+}
+
 template const char* my_add(const float*, const float*, float*, const kernels::BinaryLoop&, void*);
 template const char* my_add(const double*, const double*, double*, const kernels::BinaryLoop&, void*);
 template const char* my_add(const uint16_t*, const uint16_t*, uint16_t*, const kernels::BinaryLoop&, void*);
@@ -158,7 +213,11 @@ template const char* grid_sample(const double*, const double*, double*, const ke
   template const char* rotated_feature_align(const T*, const T*, T*, const kernels::RotatedFeatureAlignShape&, double, \
                                              void*);                                                                   \
   template const char* box_iou_rotated(const T*, const T*, T*, const kernels::BoxIouRotatedShape&, int64_t, bool,      \
-                                       void*);
+                                       void*);                                                                         \
+  template const char* nms(const T*, const T*, int64_t, double, int64_t, const std::function<int64_t*(int64_t)>&,      \
+                           void*);                                                                                     \
+  template const char* nms_rotated(const T*, const T*, const int64_t*, int64_t, double, bool,                          \
+                                   const std::function<int64_t*(int64_t)>&, void*);
 OPBRIDGE_ROTATED_LAUNCHES(float)
 OPBRIDGE_ROTATED_LAUNCHES(double)
 #undef OPBRIDGE_ROTATED_LAUNCHES

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "kernels/box_iou_rotated.h"
@@ -15,6 +17,11 @@
 #include "kernels/rotated_feature_align.h"
 
 namespace opbridge::ort::cuda {
+
+// Whether this process can run the library's kernels: empty where the NVIDIA driver supports CUDA >= the major
+// release of the runtime linked into the library (CUDA's minor-version compatibility), "no driver" where there
+// is none, else a sentence naming both versions and what to do.
+std::string driver_problem();
 
 // T: float or double; my_add also float16 as uint16_t bits.
 template <class T>
@@ -50,5 +57,17 @@ const char* rotated_feature_align(const T* features, const T* boxes, T* out,
 template <class T>
 const char* box_iou_rotated(const T* boxes1, const T* boxes2, T* out, const kernels::BoxIouRotatedShape& shape,
                             int64_t mode, bool clockwise, void* stream);
+
+// Hard NMS: the kept indices (decreasing score order) go to `allocate(kept)`, the output in device memory, once
+// their number is known (the call waits for the stream once). `boxes`, `scores` (and `labels`, null for one group)
+// in device memory; count >= 1. mmcv's NonMaxSuppression (boxes [count, 4], offset 0 or 1) and opbridge's
+// NmsRotated (boxes [count, 5]).
+template <class T>
+const char* nms(const T* boxes, const T* scores, int64_t count, double iou_threshold, int64_t offset,
+                const std::function<int64_t*(int64_t)>& allocate, void* stream);
+
+template <class T>
+const char* nms_rotated(const T* boxes, const T* scores, const int64_t* labels, int64_t count, double iou_threshold,
+                        bool clockwise, const std::function<int64_t*(int64_t)>& allocate, void* stream);
 
 }  // namespace opbridge::ort::cuda

@@ -10,6 +10,7 @@
 #include "ort/grid_sampler.h"
 #include "ort/ms_deform_attn.h"
 #include "ort/my_add.h"
+#include "ort/nms.h"
 #include "ort/roi_align.h"
 #include "ort/rotated.h"
 
@@ -81,6 +82,18 @@ struct Cuda {
     check(cuda::box_iou_rotated(boxes1, boxes2, out, shape, mode, clockwise, stream_of(context)));
   }
 
+  template <class T>
+  static void nms(OrtKernelContext* context, const T* boxes, const T* scores, int64_t count, double iou_threshold,
+                  int64_t offset, const nms_adapter::Allocate& allocate) {
+    check(cuda::nms(boxes, scores, count, iou_threshold, offset, allocate, stream_of(context)));
+  }
+
+  template <class T>
+  static void nms_rotated(OrtKernelContext* context, const T* boxes, const T* scores, const int64_t* labels,
+                          int64_t count, double iou_threshold, bool clockwise, const nms_adapter::Allocate& allocate) {
+    check(cuda::nms_rotated(boxes, scores, labels, count, iou_threshold, clockwise, allocate, stream_of(context)));
+  }
+
   // Per kernel instance: nothing here.
   struct DeformConv2dState {
     explicit DeformConv2dState(const OrtKernelInfo*) {}
@@ -138,6 +151,14 @@ void append_box_iou_rotated(Ops& ops) {
   rotated_adapter::append_box_iou_rotated<Cuda, float>(ops);
   rotated_adapter::append_box_iou_rotated<Cuda, double>(ops);
 }
+void append_nms(Ops& ops) {
+  nms_adapter::append_nms<Cuda, float>(ops);
+  nms_adapter::append_nms<Cuda, double>(ops);
+}
+void append_nms_rotated(Ops& ops) {
+  nms_adapter::append_nms_rotated<Cuda, float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>(ops);
+  nms_adapter::append_nms_rotated<Cuda, double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>(ops);
+}
 
 }  // namespace
 
@@ -157,6 +178,8 @@ OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVRoIAlignRotated, 1, append_mmdeploy_roi_al
 OPBRIDGE_ORT_OP(RotatedFeatureAlign, 1, append_opbridge_rotated_feature_align);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRotatedFeatureAlign, 1, append_mmcv_rotated_feature_align);
 OPBRIDGE_ORT_OP(BoxIouRotated, 1, append_box_iou_rotated);
+OPBRIDGE_ORT_OP(NmsRotated, 1, append_nms_rotated);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, NonMaxSuppression, 1, append_nms);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRoiAlign, 1, append_roi_align<roi_align_adapter::kOp>);
 OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVRoiAlign, 1, append_roi_align<roi_align_adapter::kMmdeployOp>);
 

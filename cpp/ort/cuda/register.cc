@@ -2,7 +2,10 @@
 // execution provider: it creates this library's CUDA nodes (ops.cc) with the runtime's API and hands each to the
 // main library, which adds them to its domains beside the CPU nodes of the same names. ONNX Runtime then gives
 // a node the CUDA kernel when the session places it on the CUDA execution provider.
+#include <cstring>
+
 #include "ort/api.h"
+#include "ort/cuda/launch.h"
 
 namespace opbridge::ort {
 namespace {
@@ -36,4 +39,16 @@ extern "C" __attribute__((visibility("default"))) int opbridge_ort_cuda_ops(
   } catch (...) {
     return -1;
   }
+}
+
+// 0 where this process can run the CUDA nodes; else 1 (no NVIDIA driver) or 2 (a driver too old for the CUDA
+// runtime linked in), with the reason in `message` (at most `size` bytes, terminated). Called before
+// opbridge_ort_cuda_ops.
+extern "C" __attribute__((visibility("default"))) int opbridge_ort_cuda_problem(char* message, int size) {
+  const std::string problem = opbridge::ort::cuda::driver_problem();
+  if (size > 0) {
+    std::strncpy(message, problem.c_str(), static_cast<size_t>(size) - 1);
+    message[size - 1] = '\0';
+  }
+  return problem.empty() ? 0 : problem == "no driver" ? 1 : 2;
 }
