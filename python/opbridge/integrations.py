@@ -23,6 +23,10 @@ back a :class:`Patch` that undoes it. What it serves:
   library's own function. D-FINE and DEIMv2 bind that function per instance (``ms_deformable_attn_core``): the
   instances' attribute is swapped, with the same rules.
 
+``patch_model`` also applies the export-time rewrites of :mod:`opbridge.rewrites` to the same modules: the code that
+turns the image size into constants of the exported graph (the deformable encoders' reference points, the level
+table built with ``torch.as_tensor``), replaced by code that computes the same values and keeps the size dynamic.
+
 Every replacement hands the call back to the library's own code where opbridge's op cannot serve it (a CUDA
 tensor without opbridge's CUDA library, tensors on different devices, dtypes the op does not take together), so a
 patched model never fails where the unpatched one works.
@@ -379,4 +383,8 @@ def patch_model(model: torch.nn.Module) -> Patch:
                 setattr(source, function_name, wrap(original))
                 patch._undo.append(functools.partial(setattr, source, function_name, original))
                 patch.swapped.append(f"{name}.{function_name}")
+    # The export-time rewrites of the same modules' size code (opbridge/rewrites.py).
+    from . import rewrites
+
+    rewrites.apply(modules_seen, patch)
     return patch
