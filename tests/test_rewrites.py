@@ -1,12 +1,11 @@
-"""The export-time rewrites (python/opbridge/rewrites.py): each computes what the library code it replaces computes
-(bit for bit, float64 and float32), keeps sizes symbolic under torch.export and traced under the TorchScript
-tracer, is applied by patch_model only to the code it was written for, and is undone by the Patch; a patched
+"""The export-time rewrites (python/opbridge/rewrites.py): SizeAwareTorch is torch for numbers (bit for bit), keeps
+sizes symbolic under torch.export and traced under the TorchScript tracer (the values at other sizes equal torch's
+own), is applied by patch_model only to modules whose torch is torch, and is undone by the Patch; a patched
 Deformable DETR exports with a dynamic image size and batch with torch's default exporter and runs in ONNX Runtime
 at another size and batch as in eager."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 import warnings
@@ -19,55 +18,6 @@ from opbridge import rewrites
 from opbridge.integrations import Patch
 
 pytest.importorskip("transformers", reason="transformers is not installed (the test extra has it)")
-
-#: (module, class) of the deformable encoders whose get_reference_points the rewrite replaces.
-ENCODERS = [
-    ("transformers.models.deformable_detr.modeling_deformable_detr", "DeformableDetrEncoder"),
-    ("transformers.models.grounding_dino.modeling_grounding_dino", "GroundingDinoEncoder"),
-    ("transformers.models.mm_grounding_dino.modeling_mm_grounding_dino", "MMGroundingDinoEncoder"),
-    ("transformers.models.mask2former.modeling_mask2former", "Mask2FormerPixelDecoderEncoderOnly"),
-    ("transformers.models.oneformer.modeling_oneformer", "OneFormerPixelDecoderEncoderOnly"),
-]
-
-
-def _encoder(module_name: str, class_name: str):
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        pytest.skip(f"{module_name} is not in this transformers")
-    return module, getattr(module, class_name)
-
-
-@pytest.mark.parametrize(("module_name", "class_name"), ENCODERS, ids=[c for _, c in ENCODERS])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
-def test_reference_points_equal_the_librarys(module_name, class_name, dtype):
-    _, encoder = _encoder(module_name, class_name)
-    library = vars(encoder)["get_reference_points"].__func__
-    generator = torch.Generator().manual_seed(0)
-    for shapes in ([(7, 9), (4, 5), (2, 3), (1, 1)], [(25, 38)], [(13, 1), (1, 13)], [(100, 152), (50, 76)]):
-        ratios = (0.4 + 0.6 * torch.rand(2, len(shapes), 2, generator=generator, dtype=torch.float64)).to(dtype)
-        assert torch.equal(rewrites.reference_points(shapes, ratios, "cpu"), library(shapes, ratios, "cpu"))
-
-
-@pytest.mark.parametrize(("module_name", "class_name"), ENCODERS, ids=[c for _, c in ENCODERS])
-def test_the_library_functions_are_the_code_the_rewrite_was_written_for(module_name, class_name):
-    _, encoder = _encoder(module_name, class_name)
-    assert rewrites.fingerprint(vars(encoder)["get_reference_points"].__func__) in rewrites.REFERENCE_POINTS
-
-
-def test_the_fingerprint_ignores_names_and_docstrings_but_not_code():
-    def a(shapes, ratios):
-        """One docstring."""
-        return [torch.linspace(0.5, h - 0.5, h) * ratios for h, _ in shapes]
-
-    def b(sizes, valid):
-        return [torch.linspace(0.5, height - 0.5, height) * valid for height, _ in sizes]
-
-    def c(shapes, ratios):
-        return [torch.linspace(0.5, h - 0.5, h) / ratios for h, _ in shapes]
-
-    assert rewrites.fingerprint(a) == rewrites.fingerprint(b) != rewrites.fingerprint(c)
-    assert rewrites.fingerprint(len) is None  # no Python source
 
 
 def test_size_aware_as_tensor_is_torchs_for_numbers():
@@ -103,21 +53,49 @@ def test_size_aware_as_tensor_keeps_sizes_traced_under_the_torchscript_tracer():
     assert traced(torch.randn(1, 2, 30, 18)).tolist() == [[30, 18], [15, 9]]
 
 
-def test_a_function_that_is_not_the_one_written_for_is_left_alone_with_a_warning(monkeypatch):
+def test_size_aware_linspace_is_torchs_for_numbers():
+    shim = rewrites.SizeAwareTorch()
+    for start, end, steps, dtype in ((0.5, 6.5, 7, torch.float32), (0, 12, 13, torch.float64), (0.5, 0.5, 1, None),
+                                     (-1.0, 1.0, 5, torch.float16), (0, 1, 0, torch.float32)):  # fmt: skip
+        expected = torch.linspace(start, end, steps, dtype=dtype)
+        found = shim.linspace(start, end, steps, dtype=dtype)
+        assert found.dtype == expected.dtype and torch.equal(found, expected)
+
+
+class _Grids(torch.nn.Module):
+    """Cell centres and corners of a feature map, as the DETR family's reference points and proposals make them."""
+
+    def forward(self, x):
+        height, width = x.shape[-2:]
+        shim = rewrites.SizeAwareTorch()
+        centres = shim.linspace(0.5, height - 0.5, height, dtype=x.dtype, device=x.device)
+        corners = shim.linspace(0, width - 1, width, dtype=x.dtype, device=x.device)
+        return torch.cat([centres, corners]) * 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_size_aware_linspace_follows_the_size_under_both_exporters(dtype):
+    def expected(h, w):
+        return torch.cat([torch.linspace(0.5, h - 0.5, h, dtype=dtype), torch.linspace(0, w - 1, w, dtype=dtype)])
+
+    size = {2: torch.export.Dim("height", min=2, max=256), 3: torch.export.Dim("width", min=2, max=256)}
+    program = torch.export.export(_Grids(), (torch.randn(1, 2, 12, 20, dtype=dtype),), dynamic_shapes=({**size},))
+    for h, w in ((30, 18), (2, 3), (12, 20)):
+        assert torch.equal(program.module()(torch.randn(1, 2, h, w, dtype=dtype)), expected(h, w))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(_Grids(), (torch.randn(1, 2, 12, 20, dtype=dtype),))
+    for h, w in ((30, 18), (2, 3)):
+        assert torch.equal(traced(torch.randn(1, 2, h, w, dtype=dtype)), expected(h, w))
+
+
+def test_modules_whose_torch_is_not_torch_are_left_alone(monkeypatch):
     module = types.ModuleType("transformers.models.opbridge_test.modeling_opbridge_test")
-
-    class Encoder:
-        @staticmethod
-        def get_reference_points(spatial_shapes_list, valid_ratios, device):
-            return [torch.linspace(0.25, h - 0.25, h) for h, _ in spatial_shapes_list]
-
-    Encoder.__module__ = module.__name__
-    module.Encoder = Encoder
+    module.torch = types.SimpleNamespace(linspace=torch.linspace)  # another library's shim
     monkeypatch.setitem(sys.modules, module.__name__, module)
     patch = Patch()
-    with pytest.warns(UserWarning, match="get_reference_points is not the code its export rewrite was written for"):
-        rewrites.apply({module.__name__}, patch)
-    assert not patch and isinstance(vars(Encoder)["get_reference_points"], staticmethod)
+    rewrites.apply({module.__name__}, patch)
+    assert not patch and not isinstance(module.torch, rewrites.SizeAwareTorch)
 
 
 def _tiny_deformable_detr():
@@ -130,12 +108,10 @@ def _tiny_deformable_detr():
 def test_patch_model_rewrites_deformable_detr_and_restore_undoes_it():
     model, _ = _tiny_deformable_detr()
     module = sys.modules["transformers.models.deformable_detr.modeling_deformable_detr"]
-    library = vars(module.DeformableDetrEncoder)["get_reference_points"]
     with opbridge.patch_model(model) as patch:
-        assert any(s.endswith("DeformableDetrEncoder.get_reference_points") for s in patch.swapped), patch.swapped
-        assert any(s.endswith("modeling_deformable_detr.torch.as_tensor") for s in patch.swapped), patch.swapped
+        assert f"{module.__name__}.torch (as_tensor, linspace)" in patch.swapped, patch.swapped
         assert isinstance(module.torch, rewrites.SizeAwareTorch)
-    assert module.torch is torch and vars(module.DeformableDetrEncoder)["get_reference_points"] is library
+    assert module.torch is torch
 
 
 def test_patched_deformable_detr_exports_a_dynamic_size_and_batch_with_the_default_exporter(tmp_path):

@@ -24,8 +24,8 @@ back a :class:`Patch` that undoes it. What it serves:
   instances' attribute is swapped, with the same rules.
 
 ``patch_model`` also applies the export-time rewrites of :mod:`opbridge.rewrites` to the same modules: the code that
-turns the image size into constants of the exported graph (the deformable encoders' reference points, the level
-table built with ``torch.as_tensor``), replaced by code that computes the same values and keeps the size dynamic.
+turns the image size into constants of the exported graph (``torch.linspace`` over a feature map's size, the level
+table built with ``torch.as_tensor``) computes the same values from the sizes instead.
 
 Every replacement hands the call back to the library's own code where opbridge's op cannot serve it (a CUDA
 tensor without opbridge's CUDA library, tensors on different devices, dtypes the op does not take together), so a
