@@ -129,6 +129,58 @@ def test_ultralytics_rtdetr_model_is_served_and_exports_the_node(tmp_path, op_ca
     assert "MultiScaleDeformableAttention" in {n.op_type for n in exported.graph.node if n.domain == "opbridge"}
 
 
+def test_ultralytics_own_export_path_writes_the_node_with_dynamic_sizes(tmp_path, monkeypatch):
+    """`YOLO(...).export(format="onnx", dynamic=True)` (Ultralytics' own export, here RT-DETR from its yaml, random
+    weights) under patch_model and the custom lowering: every MSDA layer is one opbridge node, batch and image size
+    stay dynamic, and ONNX Runtime with opbridge's library runs it at another batch and size."""
+    ultralytics = pytest.importorskip("ultralytics")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    import opbridge_ort
+
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = ultralytics.RTDETR("rtdetr-l.yaml")
+        layers = sum(type(m).__name__ == "MSDeformAttn" for m in model.model.modules())
+        with opbridge.patch_model(model.model), opbridge.onnx.lowering("custom"):
+            path = model.export(format="onnx", dynamic=True, imgsz=160, simplify=False)
+    graph = onnx.load(path).graph
+    assert sum(n.domain == "opbridge" and n.op_type == "MultiScaleDeformableAttention" for n in graph.node) == layers
+    (images,) = graph.input
+    assert [d.dim_param or d.dim_value for d in images.type.tensor_type.shape.dim] == ["batch", 3, "height", "width"]
+    session = onnxruntime.InferenceSession(path, opbridge_ort.session_options())
+    (out, *_) = session.run(None, {images.name: torch.rand(2, 3, 128, 192).numpy()})
+    assert out.shape[0] == 2 and bool(torch.isfinite(torch.from_numpy(out)).all())
+
+
+def test_rfdetr_own_export_path_writes_the_node_with_a_dynamic_batch(tmp_path, monkeypatch):
+    """rfdetr's own `export(dynamic_batch=True)` (RF-DETR Nano, random weights, no download) under patch_model and
+    the custom lowering: every MSDA layer is one opbridge node, and ONNX Runtime with opbridge's library runs it at
+    another batch (rfdetr's export fixes the image size itself: its `shape` argument)."""
+    rfdetr = pytest.importorskip("rfdetr")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    import opbridge_ort
+
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        detector = rfdetr.RFDETRNano(pretrain_weights=None, device="cpu")
+        network = detector.model.model
+        layers = sum(type(m).__name__ == "MSDeformAttn" for m in network.modules())
+        with opbridge.patch_model(network), opbridge.onnx.lowering("custom"):
+            path = str(detector.export(output_dir=str(tmp_path), dynamic_batch=True, verbose=False))
+    graph = onnx.load(path).graph
+    assert sum(n.domain == "opbridge" and n.op_type == "MultiScaleDeformableAttention" for n in graph.node) == layers
+    (images,) = graph.input
+    size = [d.dim_param or d.dim_value for d in images.type.tensor_type.shape.dim]
+    assert isinstance(size[0], str), size
+    session = onnxruntime.InferenceSession(path, opbridge_ort.session_options())
+    outputs = session.run(None, {images.name: torch.rand(2, *size[1:]).numpy()})
+    assert all(o.shape[0] == 2 for o in outputs)
+
+
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 @pytest.mark.parametrize("library", ["ultralytics", "rfdetr"])
 def test_patched_layers_export_as_the_node_with_either_exporter(library, dynamo):
