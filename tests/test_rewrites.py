@@ -98,15 +98,30 @@ def test_modules_whose_torch_is_not_torch_are_left_alone(monkeypatch):
     assert not patch and not isinstance(module.torch, rewrites.SizeAwareTorch)
 
 
-def _tiny_deformable_detr():
+def _tiny(name: str = "transformers.DeformableDetrModel"):
     from opbridge.tools.models import CASES
 
-    model, inputs = CASES["transformers.DeformableDetrModel"].build()[:2]
+    model, inputs = CASES[name].build()[:2]
     return model, inputs
 
 
+def test_size_aware_torch_int_is_the_librarys_for_numbers_and_keeps_symbolic_sizes():
+    from transformers.utils.generic import torch_int as library
+
+    wrapped = rewrites._size_aware_int(library)
+    assert wrapped(7) == library(7) == 7 and wrapped(torch.tensor(5)) == library(torch.tensor(5)) == 5
+    assert wrapped(3.9) == library(3.9) == 3
+
+    class Positions(torch.nn.Module):
+        def forward(self, x):
+            return torch.arange(wrapped(x.shape[-1])) * 1
+
+    program = torch.export.export(Positions(), (torch.randn(1, 12),), dynamic_shapes=({1: torch.export.Dim("w")},))
+    assert program.module()(torch.randn(1, 5)).tolist() == [0, 1, 2, 3, 4]
+
+
 def test_patch_model_rewrites_deformable_detr_and_restore_undoes_it():
-    model, _ = _tiny_deformable_detr()
+    model, _ = _tiny()
     module = sys.modules["transformers.models.deformable_detr.modeling_deformable_detr"]
     with opbridge.patch_model(model) as patch:
         assert f"{module.__name__}.torch (as_tensor, linspace)" in patch.swapped, patch.swapped
@@ -114,15 +129,18 @@ def test_patch_model_rewrites_deformable_detr_and_restore_undoes_it():
     assert module.torch is torch
 
 
-def test_patched_deformable_detr_exports_a_dynamic_size_and_batch_with_the_default_exporter(tmp_path):
-    """torch.onnx.export (dynamo) of a patched Deformable DETR (random weights, small config): ONNX Runtime at
-    another image size and batch matches eager; without the rewrites the graph keeps the exported size."""
+@pytest.mark.parametrize("name", ["transformers.DeformableDetrModel", "transformers.RTDetrModel"])
+def test_patched_detr_exports_a_dynamic_size_and_batch_with_the_default_exporter(tmp_path, name):
+    """torch.onnx.export (dynamo) of a patched Deformable DETR and RT-DETR (random weights, small configs): ONNX
+    Runtime at another image size and batch matches eager (without the rewrites both graphs keep the exported
+    size: docs/models.md)."""
     onnxruntime = pytest.importorskip("onnxruntime")
     import opbridge_ort
 
-    model, inputs = _tiny_deformable_detr()
+    model, inputs = _tiny(name)
     (pixels,) = inputs
-    other = torch.rand(2, 3, pixels.shape[2] + 32, pixels.shape[3] - 32, generator=torch.Generator().manual_seed(1))
+    pixels = pixels.expand(2, -1, -1, -1).contiguous()  # a batch of 2: torch.export fixes a dimension of size 1
+    other = torch.rand(3, 3, pixels.shape[2] + 32, pixels.shape[3] - 32, generator=torch.Generator().manual_seed(1))
     dims = {0: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO}
     path = tmp_path / "detr.onnx"
     with opbridge.patch_model(model), torch.no_grad(), warnings.catch_warnings():

@@ -12,9 +12,13 @@ build the same numbers from the sizes instead of freezing them. Given plain numb
 are torch's own functions, so a patched model computes exactly what it computed before; tests/test_rewrites.py
 checks the exported values at other sizes against eager.
 
+transformers' own helper ``torch_int`` (``int()`` of a size, outside the TorchScript tracer) freezes a symbolic size
+too: where a module uses transformers' ``torch_int``, it gets one that hands a symbolic size on as it is (RT-DETR's
+and its successors' position embeddings).
+
 What it serves (transformers 5.x; found by reading the modules, not from a list): Deformable DETR, Grounding DINO,
-MM Grounding DINO, LW-DETR, RF-DETR, Mask2Former, OneFormer (the level table and the reference points), and every
-other module of a patched model with ``torch.linspace``.
+MM Grounding DINO, LW-DETR, RF-DETR, Mask2Former, OneFormer (the level table and the reference points), RT-DETR and
+the models built on its code (``torch_int``), and every other module of a patched model with ``torch.linspace``.
 """
 
 from __future__ import annotations
@@ -88,6 +92,23 @@ def _swap(patch, owner, name: str, replacement, label: str) -> None:
     patch.swapped.append(label)
 
 
+def _size_aware_int(original):
+    """transformers' ``torch_int`` (a size as a Python int, or as an int64 tensor under the TorchScript tracer),
+    except that a symbolic size (torch.export) stays symbolic: ``int()`` of it would freeze the exported size."""
+
+    @functools.wraps(original)
+    def torch_int(x):
+        return x if isinstance(x, torch.SymInt) else original(x)
+
+    torch_int.__opbridge_original__ = original
+    return torch_int
+
+
+def _library_torch_int():
+    generic = sys.modules.get("transformers.utils.generic")
+    return getattr(generic, "torch_int", None)
+
+
 def apply(module_names, patch) -> None:
     """The rewrites for the transformers modules of a model (``module_names``), recorded in ``patch``: modules
     whose global ``torch`` is torch and that build tensors from sizes (``_SIZE_LINES``) see :class:`SizeAwareTorch`
@@ -100,6 +121,9 @@ def apply(module_names, patch) -> None:
         source = _source(module) or ""
         if getattr(module, "torch", None) is torch and any(line in source for line in _SIZE_LINES):
             _swap(patch, module, "torch", SizeAwareTorch(), f"{name}.torch (as_tensor, linspace)")
+        library_int = _library_torch_int()
+        if library_int is not None and getattr(module, "torch_int", None) is library_int:
+            _swap(patch, module, "torch_int", _size_aware_int(library_int), f"{name}.torch_int")
 
 
 def _source(obj) -> str | None:
