@@ -150,3 +150,21 @@ def test_patched_detr_exports_a_dynamic_size_and_batch_with_the_default_exporter
     session = onnxruntime.InferenceSession(str(path), opbridge_ort.session_options())
     (found, *_) = session.run(None, {"pixel_values": other.numpy()})
     torch.testing.assert_close(torch.from_numpy(found), expected, rtol=1e-3, atol=1e-4)
+
+
+def test_a_patched_model_still_compiles_without_graph_breaks():
+    """torch.compile (dynamic shapes) of a patched Deformable DETR traces through SizeAwareTorch without a graph
+    break and computes what eager computes, at two image sizes."""
+    import torch._dynamo
+
+    model, (pixels,) = _tiny()
+    other = torch.rand(1, 3, pixels.shape[2] - 32, pixels.shape[3] + 32, generator=torch.Generator().manual_seed(2))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch.no_grad(), opbridge.patch_model(model):
+        compiled = torch.compile(model, backend="eager", dynamic=True)
+        found = [compiled(pixels), compiled(other)]
+        expected = [model(pixels), model(other)]
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    for f, e in zip(found, expected, strict=True):
+        torch.testing.assert_close(f, e, rtol=1e-5, atol=1e-5)
