@@ -70,13 +70,17 @@ class _Grids(torch.nn.Module):
         shim = rewrites.SizeAwareTorch()
         centres = shim.linspace(0.5, height - 0.5, height, dtype=x.dtype, device=x.device)
         corners = shim.linspace(0, width - 1, width, dtype=x.dtype, device=x.device)
-        return torch.cat([centres, corners]) * 1
+        counts = shim.linspace(0, width - 1, width, dtype=torch.long, device=x.device)
+        return torch.cat([centres, corners, counts.to(x.dtype)]) * 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_size_aware_linspace_follows_the_size_under_both_exporters(dtype):
     def expected(h, w):
-        return torch.cat([torch.linspace(0.5, h - 0.5, h, dtype=dtype), torch.linspace(0, w - 1, w, dtype=dtype)])
+        counts = torch.linspace(0, w - 1, w, dtype=torch.long).to(dtype)
+        return torch.cat(
+            [torch.linspace(0.5, h - 0.5, h, dtype=dtype), torch.linspace(0, w - 1, w, dtype=dtype), counts]
+        )
 
     size = {2: torch.export.Dim("height", min=2, max=256), 3: torch.export.Dim("width", min=2, max=256)}
     program = torch.export.export(_Grids(), (torch.randn(1, 2, 12, 20, dtype=dtype),), dynamic_shapes=({**size},))

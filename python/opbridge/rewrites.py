@@ -74,11 +74,12 @@ class SizeAwareTorch(types.ModuleType):
         # start + i * (end - start) / (steps - 1), i < steps: the same numbers (the step of a grid of cell centres
         # or corners is 1, exact), with the count a symbolic or traced size.
         dtype = kwargs.get("dtype") or torch.get_default_dtype()
-        index = torch.arange(steps, device=kwargs.get("device"), dtype=dtype)
+        work = dtype if dtype.is_floating_point else torch.float64  # an integer linspace truncates, as torch's
+        index = torch.arange(steps, device=kwargs.get("device"), dtype=work)
         if isinstance(steps, torch.Tensor):
             step = torch.as_tensor(end - start, dtype=torch.float64) / (steps - 1).clamp(min=1).to(torch.float64)
-            return index * step.to(dtype) + start
-        return index * ((end - start) / torch.sym_max(steps - 1, 1)) + start
+            return (index * step.to(work) + start).to(dtype)
+        return (index * ((end - start) / torch.sym_max(steps - 1, 1)) + start).to(dtype)
 
 
 #: Code that makes a module's ``torch`` become :class:`SizeAwareTorch`.
