@@ -96,3 +96,17 @@ def test_a_gap_of_one_ort_release_is_n_a_there_and_a_failure_elsewhere(monkeypat
     assert parity._environment_gap(other) == ""
     monkeypatch.setattr(onnxruntime, "__version__", "1.24.4")
     assert parity._environment_gap(subresults) == ""
+
+
+def test_ort_1_16s_fused_matmul_gap_is_its_own(monkeypatch):
+    """ORT 1.16 fails the same float64 MatMul-with-transpose models with its own message (the matrix's ORT 1.16 cell,
+    2026-11-27): n/a there, a failure under 1.20, which runs them."""
+    import onnxruntime
+
+    message = ("NotImplemented: [ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Failed to find kernel for FusedMatMul(1) "
+               "(node MatMul_With_Transpose). Op with name (MatMul_With_Transpose) domain (com.microsoft)")  # fmt: skip
+    subresults = [parity.SubResult("same", "dynamic", False, None, message)]
+    monkeypatch.setattr(onnxruntime, "__version__", "1.16.3")
+    assert "ONNX Runtime 1.16" in parity._environment_gap(subresults)
+    monkeypatch.setattr(onnxruntime, "__version__", "1.20.1")
+    assert parity._environment_gap(subresults) == ""

@@ -518,6 +518,10 @@ _RELEASE_GAPS = [
      "ONNX Runtime 1.23 (the newest for Python 3.10) fuses Transpose + MatMul into com.microsoft.FusedMatMul, "
      "which it has no float64 kernel for: the session fails at the default optimization level (ORT_ENABLE_BASIC, "
      "or ORT 1.20 / >= 1.24, run the same model)"),
+    ("Failed to find kernel for FusedMatMul(1)", "1.16.",
+     "ONNX Runtime 1.16 fuses Transpose + MatMul into com.microsoft.FusedMatMul, which it has no float64 kernel for: "
+     "the session fails at the default optimization level (ORT_ENABLE_BASIC, or ORT 1.20 / >= 1.24, run the same "
+     "model; measured 2026-11-27)"),
 ]  # fmt: skip
 
 
