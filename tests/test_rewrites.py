@@ -172,3 +172,19 @@ def test_a_patched_model_still_compiles_without_graph_breaks():
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
     for f, e in zip(found, expected, strict=True):
         torch.testing.assert_close(f, e, rtol=1e-5, atol=1e-5)
+
+
+def test_jit_is_tracing_is_true_under_torch_export_only():
+    """The models' export branches ("always interpolate when tracing") are taken under torch.export too; eager
+    mode and torch.compile keep the library's own branch."""
+    shim = rewrites.SizeAwareTorch()
+
+    class Branch(torch.nn.Module):
+        def forward(self, x):
+            return x + (1.0 if shim.jit.is_tracing() else 0.0)
+
+    x = torch.zeros(2)
+    assert not shim.jit.is_tracing() and Branch()(x).tolist() == [0.0, 0.0]
+    assert torch.export.export(Branch(), (x,)).module()(x).tolist() == [1.0, 1.0]
+    assert torch.compile(Branch(), backend="eager")(x).tolist() == [0.0, 0.0]
+    assert shim.jit.script is torch.jit.script

@@ -14,7 +14,8 @@ checks the exported values at other sizes against eager.
 
 transformers' own helper ``torch_int`` (``int()`` of a size, outside the TorchScript tracer) freezes a symbolic size
 too: where a module uses transformers' ``torch_int``, it gets one that hands a symbolic size on as it is (RT-DETR's
-and its successors' position embeddings).
+and its successors' position embeddings). And the models' export branches, taken under ``torch.jit.is_tracing()``
+("always interpolate when tracing": DINOv2's position embeddings in RF-DETR), are taken under torch.export too.
 
 What it serves (transformers 5.x; found by reading the modules, not from a list): Deformable DETR, Grounding DINO,
 MM Grounding DINO, LW-DETR, RF-DETR, Mask2Former, OneFormer (the level table and the reference points), RT-DETR and
@@ -43,17 +44,36 @@ def _size_tensor(size, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.full((), size, dtype=dtype, device=device)
 
 
+class _ExportAwareJit(types.ModuleType):
+    """``torch.jit``, except that ``is_tracing()`` is also true while torch.export traces: transformers' models take
+    their export-friendly branch under tracing ("always interpolate when tracing", DINOv2's position embeddings in
+    RF-DETR), and torch.export needs it as much as the TorchScript tracer does."""
+
+    def __init__(self) -> None:
+        super().__init__("torch.jit")
+
+    def __getattr__(self, name: str):
+        return getattr(torch.jit, name)
+
+    @staticmethod
+    def is_tracing() -> bool:
+        return torch.jit.is_tracing() or torch.compiler.is_exporting()
+
+
 class SizeAwareTorch(types.ModuleType):
     """``torch``, except for sizes that are symbolic (torch.export) or traced (the TorchScript tracer's 0-d
     tensors): ``as_tensor`` of a list of size tuples stacks them, and ``linspace`` with such a step count is
     ``start + arange(steps) * (end - start) / (steps - 1)``, so the tensor follows the input's size instead of being
-    a constant of the graph. For numbers, and everything else, it is torch's own (attribute lookups go to torch)."""
+    a constant of the graph; ``jit.is_tracing()`` is true under torch.export too (the models' export branches). For
+    numbers, outside an export, and everything else, it is torch's own (attribute lookups go to torch)."""
 
     def __init__(self) -> None:
         super().__init__("torch")
 
     def __getattr__(self, name: str):
         return getattr(torch, name)
+
+    jit = _ExportAwareJit()
 
     @staticmethod
     def as_tensor(data, dtype=None, device=None):
