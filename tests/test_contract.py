@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime
@@ -117,6 +118,12 @@ CASES: dict[str, list] = {
     "opbridge_ort.foreign_ops": [
         (lambda: opbridge_ort.foreign_ops("/nonexistent/lib.so"), FileNotFoundError, ["/nonexistent/lib.so"]),
     ],
+    "opbridge_ort.cuda_architectures": [
+        (lambda: opbridge_ort.cuda_architectures("/nonexistent/lib.so"), FileNotFoundError, ["/nonexistent/lib.so"]),
+        (lambda: opbridge_ort.cuda_architectures(opbridge_ort.__file__), ValueError, ["not a 64-bit ELF library"]),
+        (lambda: opbridge_ort.cuda_architectures(opbridge_ort.library_path()), ValueError, ["no CUDA fat binary"]),
+        (lambda: opbridge_ort.cuda_architectures(_truncated_elf()), ValueError, ["not a readable ELF library"]),
+    ],
     "opbridge_ort.session_options": [
         (lambda: opbridge_ort.session_options("options"), TypeError, ["onnxruntime.SessionOptions", "str"]),
     ],
@@ -152,6 +159,16 @@ NO_BAD_INPUT = {
     "opbridge_ort.OPS": "a constant (the library's op list)",
     "opbridge_ort.cuda_library_path": "takes no arguments (None where there is no CUDA library, never an error)",
 }
+
+
+def _truncated_elf() -> str:
+    """The first 100 bytes of opbridge's ORT library: an ELF header whose section table lies beyond the file."""
+    import os
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / f"opbridge-truncated-elf-{os.getpid()}.so"
+    path.write_bytes(Path(opbridge_ort.library_path()).read_bytes()[:100])
+    return str(path)
 
 
 def _with_env(env: dict, call):

@@ -95,18 +95,19 @@ def cuda_architectures(path: str) -> dict[str, list[int]]:
     data = Path(path).read_bytes()
     if data[:5] != b"\x7fELF\x02":
         raise ValueError(f"{path} is not a 64-bit ELF library")
-    (table,) = struct.unpack_from("<Q", data, 0x28)
-    entry_size, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
-    # Each section header's name, offset and size (skipping its type, flags and address).
-    headers = [struct.unpack_from("<I20xQQ", data, table + i * entry_size) for i in range(count)]
-    names_offset = headers[names_index][1]
-    fatbin = None
-    for name, offset, size in headers:
-        start = names_offset + name
-        if data[start : data.index(b"\0", start)] == b".nv_fatbin":
-            fatbin = data[offset : offset + size]
+    try:
+        fatbin = _section(data, b".nv_fatbin")
+    except (struct.error, ValueError, IndexError) as error:
+        raise ValueError(f"{path} is not a readable ELF library (its section table: {error})") from error
     if fatbin is None:
         raise ValueError(f"{path} has no CUDA fat binary (.nv_fatbin section)")
+    try:
+        return _fatbin_architectures(fatbin)
+    except (struct.error, ValueError) as error:
+        raise ValueError(f"{path}: its CUDA fat binary is not one this reader knows ({error})") from error
+
+
+def _fatbin_architectures(fatbin: bytes) -> dict[str, list[int]]:
     found: dict[str, set[int]] = {"sm": set(), "ptx": set()}
     position = 0
     # Fat binaries one after another, each a 16-byte header (magic, version, header size, size of its entries)
@@ -119,11 +120,27 @@ def cuda_architectures(path: str) -> dict[str, list[int]]:
         while entry < end:
             kind, _, entry_header, payload = struct.unpack_from("<HHIQ", fatbin, entry)
             (architecture,) = struct.unpack_from("<I", fatbin, entry + 28)
+            if entry_header + payload == 0:
+                raise ValueError(f"an empty entry at byte {entry}")
             if kind in (1, 2):
                 found["ptx" if kind == 1 else "sm"].add(architecture)
             entry += entry_header + payload
         position = end
     return {kind: sorted(values) for kind, values in found.items()}
+
+
+def _section(data: bytes, wanted: bytes) -> bytes | None:
+    """The bytes of a 64-bit ELF file's section named `wanted`, or None."""
+    (table,) = struct.unpack_from("<Q", data, 0x28)
+    entry_size, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
+    # Each section header's name, offset and size (skipping its type, flags and address).
+    headers = [struct.unpack_from("<I20xQQ", data, table + i * entry_size) for i in range(count)]
+    names_offset = headers[names_index][1]
+    for name, offset, size in headers:
+        start = names_offset + name
+        if data[start : data.index(b"\0", start)] == wanted:
+            return data[offset : offset + size]
+    return None
 
 
 @functools.cache
