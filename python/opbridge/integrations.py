@@ -40,6 +40,7 @@ import functools
 import inspect
 import sys
 import types
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,9 +208,16 @@ def _merged_levels(sampling_locations, attention_weights, levels: int):
     if sampling_locations.dim() == 6 and attention_weights.dim() in (4, 5):
         n, queries, heads, lv, points = sampling_locations.shape[:5]
         return sampling_locations, attention_weights.reshape(n, queries, heads, lv, points)
-    if sampling_locations.dim() != 5 or attention_weights.dim() != 4 or sampling_locations.shape[3] % levels:
+    if sampling_locations.dim() != 5 or attention_weights.dim() != 4:
         return None
-    n, queries, heads, total = sampling_locations.shape[:4]
+    # levels x points is the layer's configuration, the same for every input: read as a number, without the
+    # TorchScript tracer's note that a traced size became one (the sweep names the first such note as a model's cause)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        total = int(sampling_locations.shape[3])
+    if total % levels:
+        return None
+    n, queries, heads = sampling_locations.shape[:3]
     return (sampling_locations.reshape(n, queries, heads, levels, total // levels, 2),
             attention_weights.reshape(n, queries, heads, levels, total // levels))  # fmt: skip
 

@@ -1,11 +1,13 @@
-"""The model sweep: real model code from torchvision and transformers (random weights, small configs, no
-downloads) exported with both exporters at the default and the lowest opset each supports, with a dynamic image
-size, run in ONNX Runtime at the exported size and another, compared with eager -- once without opbridge and
-once with it, each in a fresh process (``import opbridge`` changes the exporters for the whole process).
+"""The model sweep: real model code from torchvision, transformers, Ultralytics and rfdetr (random weights, small
+configs, no downloads) exported with both exporters at the default and the lowest opset each supports, with a
+dynamic image size and batch, run in ONNX Runtime at the exported size, another size and another batch, compared
+with eager -- once without opbridge and once with it, each in a fresh process (``import opbridge`` changes the
+exporters for the whole process). Each export's node count and ONNX Runtime's session load time are kept.
 
 ``python -m opbridge models`` (``nox -s models``) runs it and writes docs/models.md; every case has an id that
-replays it alone (``--case with:torchvision.keypointrcnn_resnet50_fpn:legacy17``). Outcomes: ok / wrong result /
-ORT refuses / export fails / eager fails / timeout, with the cause in one line.
+replays it alone (``--case with:torchvision.keypointrcnn_resnet50_fpn:legacy17``). Outcomes: ok / fixed batch /
+fixed size / wrong result / ORT refuses / export fails / eager fails / timeout / unavailable (the model's library
+is not installed), with the cause in one line.
 """
 
 from __future__ import annotations
@@ -27,19 +29,28 @@ import torch
 #: "fixed size": the graph matches eager at the exported image size but not at another one, because the model's
 #: own code turned its image size into constants (the TorchScript tracer records Python arithmetic on sizes as
 #: numbers; torch.export specializes a size the code guards on); the cause names where.
+#: "fixed batch": right at another image size, not at another batch (the model's code baked its batch).
 OUTCOMES = (
-    "ok", "fixed size", "wrong result", "ORT refuses", "export fails", "eager fails", "timeout", "unavailable"
+    "ok", "fixed batch", "fixed size", "wrong result", "ORT refuses", "export fails", "eager fails", "timeout",
+    "unavailable",
 )  # fmt: skip
 #: (exporter, opset) of every model: the TorchScript-based exporter at its lowest opset with GridSample/RoiAlign
 #: (11) and at torch's default for it (17), the dynamo exporter at its lowest (18) and its default (20).
 EXPORTS = (("legacy", 11), ("legacy", 17), ("dynamo", 18), ("dynamo", 20))
 RTOL, ATOL = 1e-3, 1e-4
+#: The batch of the exported example and of the size check, and the other batch of the batch check. torch.export
+#: specializes a dimension of size 1 (its 0/1 rule), so the example's batch is 2.
+BATCH, OTHER_BATCH = 2, 3
+#: A graph that grows by more nodes than this with opbridge is named in the report.
+GROWTH = 20
 
 
 @dataclass(frozen=True)
 class ModelCase:
     """A model of another library: ``build()`` -> (module in eval mode, example inputs (tuple), inputs at another
-    image size); ``dynamic`` names each image input's dynamic dims."""
+    image size, inputs at the example's size and another batch (None where the inputs have no batch dimension:
+    torchvision's detectors take a list of images)); ``dynamic`` names each image input's dynamic dims, the batch
+    (dim 0) added where the case has batch inputs."""
 
     name: str
     library: str
@@ -71,12 +82,14 @@ def _torchvision(builder: str, size: int, other: int, **kwargs):
         if builder.endswith("_fpn") or builder.startswith(("ssd", "fcos", "retinanet")):
             if "mobilenet" in builder:
                 _unit_scale_convolutions(module, ([_image(size)[0]],))
-            return module, ([_image(size)[0]],), ([_image(other)[0]],)
-        if builder.startswith("r3d") or builder.startswith("mc3") or builder.startswith("r2plus1d"):
-            return module, (_image(size, frames=4),), (_image(other, frames=4),)
-        if builder.startswith("raft"):
-            return module, (_image(size), _image(size, seed=1)), (_image(other), _image(other, seed=1))
-        return module, (_image(size),), (_image(other),)
+            return module, ([_image(size)[0]],), ([_image(other)[0]],), None
+        frames = 4 if builder.startswith(("r3d", "mc3", "r2plus1d")) else None
+        images = 2 if builder.startswith("raft") else 1
+
+        def inputs(at: int, batch: int):
+            return tuple(_image(at, batch, frames=frames, seed=seed) for seed in range(images))
+
+        return module, inputs(size, BATCH), inputs(other, BATCH), inputs(size, OTHER_BATCH)
 
     return build
 
@@ -132,7 +145,7 @@ def _transformers(model_class: str, config: Callable[[], object], size: int, oth
         # Random convolutional backbones (HGNet, ResNet) let features vanish: the two-stage DETRs' query
         # selection (top-k of encoder scores) then picks among ties, in an order ORT and torch need not share.
         _unit_scale_convolutions(module, (_image(size),))
-        return module, (_image(size),), (_image(other),)
+        return module, (_image(size, BATCH),), (_image(other, BATCH),), (_image(size, OTHER_BATCH),)
 
     return build
 
@@ -154,10 +167,93 @@ class _HuggingFaceWrapper(torch.nn.Module):
         if hasattr(self.model, "language_cache_class"):  # OmDet-Turbo keeps text embeddings, graph and all
             for name in ("language_cache_class", "language_cache_prompt"):
                 setattr(self.model, name, type(getattr(self.model, name))(self.model.config.cache_size))
-        extra = {name: getattr(self, f"extra_{name}") for name in self.extra_names}
+        # Each image gets the same prompt: the extras are made for one image and repeated along the batch
+        # (OmDet-Turbo's class prompts and their structure too, as its processor lays out a batch).
+        batch = pixel_values.shape[0]
+        extra = {}
+        for name in self.extra_names:
+            value = getattr(self, f"extra_{name}")
+            extra[name] = value.repeat(batch, *([1] * (value.dim() - 1)))
         out = self.model(pixel_values=pixel_values, **extra)
         hidden = getattr(out, "last_hidden_state", None)
         return hidden if hidden is not None else out[0]
+
+
+class _Predictions(torch.nn.Module):
+    """An Ultralytics model, whose eval forward returns (predictions, raw outputs): its predictions, or for RT-DETR
+    its last decoder layer's boxes and scores, before the post-processing's top-k over all queries and classes
+    (random weights give scores that tie, and ties come out of a top-k in any order; ONNX Runtime's and torch's
+    differ)."""
+
+    def __init__(self, model, raw: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.raw = raw
+
+    def forward(self, images):
+        predictions, raw = self.model(images)
+        return (raw[0][-1], raw[1][-1]) if self.raw else predictions
+
+
+def _ultralytics(config: str, size: int, other: int):
+    """An Ultralytics model from the yaml its package ships (random weights, no download), its heads set to
+    rebuild their anchors from each input's size, as Ultralytics' own exporter sets them for ``dynamic=True``."""
+
+    def build():
+        import torch
+        from ultralytics.nn import tasks
+
+        torch.manual_seed(0)
+        detr = config.startswith("rtdetr")
+        kind = tasks.RTDETRDetectionModel if detr else tasks.OBBModel
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = kind(config, verbose=False).eval()
+        for layer in model.modules():
+            if hasattr(layer, "dynamic"):
+                layer.dynamic = True
+        _spread_constant_layers(model)
+        module = _Predictions(model, raw=detr)
+        _unit_scale_convolutions(module, (_image(size),))
+        return module, (_image(size, BATCH),), (_image(other, BATCH),), (_image(size, OTHER_BATCH),)
+
+    return build
+
+
+def _spread_constant_layers(model) -> None:
+    """Draws the weights and biases that a library initializes to one value (Ultralytics' score and box heads: zero
+    weights, one bias) from a normal distribution: at that initialization every query has the same score, the
+    post-processing's top-k picks among ties, and ties come out in any order (ONNX Runtime's and torch's differ)."""
+    import torch
+
+    with torch.no_grad():
+        for layer in model.modules():
+            if not isinstance(layer, (torch.nn.Linear, torch.nn.Conv2d)):
+                continue
+            if layer.weight.numel() > 1 and bool(layer.weight.min() == layer.weight.max()):
+                layer.weight.normal_(0.0, layer.weight[0].numel() ** -0.5)
+            bias = layer.bias
+            if bias is not None and bias.numel() > 1 and bool(bias.min() == bias.max()):
+                bias.normal_(float(bias[0]), 1.0)
+
+
+def _rfdetr(model_class: str, size: int, other: int):
+    """Roboflow's RF-DETR (the ``rfdetr`` package; random weights, no download) after its own ``export()``
+    preparation, as its exporter runs it: a plain image batch in, (boxes, logits) out."""
+
+    def build():
+        import rfdetr
+        import torch
+
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            network = getattr(rfdetr, model_class)(pretrain_weights=None, device="cpu").model.model.eval()
+            network.export()
+        _unit_scale_convolutions(network, (_image(size),))
+        return network, (_image(size, BATCH),), (_image(other, BATCH),), (_image(size, OTHER_BATCH),)
+
+    return build
 
 
 def _resnet_backbone():
@@ -624,6 +720,17 @@ def _cases() -> list[ModelCase]:
                 fast=model_class == "DeformableDetrModel",
             )
         )
+    # Other libraries' DETRs (and Ultralytics' oriented YOLO, whose rotated NMS is ProbIoU fast-NMS outside the
+    # model, which no opbridge op computes: it is here to show that opbridge leaves it as it is).
+    image = {0: {2: "height", 3: "width"}}
+    cases += [
+        ModelCase("ultralytics.rtdetr-l", "ultralytics", "detection (MSDA)", _ultralytics("rtdetr-l.yaml", 128, 160),
+                  image, served=True),
+        ModelCase("ultralytics.yolo11n-obb", "ultralytics", "oriented detection",
+                  _ultralytics("yolo11n-obb.yaml", 128, 160), image),
+        ModelCase("rfdetr.RFDETRNano", "rfdetr", "detection (MSDA)", _rfdetr("RFDETRNano", 224, 256), image,
+                  served=True),
+    ]  # fmt: skip
     for model_class, config_class, fields in (
         (
             "ViTModel",
@@ -676,6 +783,11 @@ class Result:
     seconds: float = 0.0
     eager_ms: float | None = None
     ort_ms: float | None = None
+    #: nodes of the exported graph (its functions' and subgraphs' included) and ONNX Runtime's session load time
+    nodes: int | None = None
+    load_ms: float | None = None
+    #: "dynamic" (right at another batch), "fixed" (not) or "" (not checked: no batch dimension, or not reached)
+    batch: str = ""
 
 
 def case_id(model: str, with_opbridge: bool, exporter: str, opset: int) -> str:
@@ -731,21 +843,28 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
     )
     start = time.perf_counter()
     try:
-        module, inputs, other_inputs = case.build()
+        module, inputs, other_inputs, batch_inputs = case.build()
         if with_opbridge:
             opbridge.patch_model(module)
         with torch.no_grad():
             expected = [_flatten(module(*inputs)), _flatten(module(*other_inputs))]
+            if batch_inputs is not None:
+                expected.append(_flatten(module(*batch_inputs)))
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] != case.library:
+            return dataclasses.replace(result, outcome="eager fails", cause=_one_line(error))
+        return dataclasses.replace(result, outcome="unavailable", cause=f"{case.library} is not installed here")
     except Exception as error:
         return dataclasses.replace(result, outcome="eager fails", cause=_one_line(error))
     input_names = [f"input{i}" for i in range(len(_flatten(inputs)))]
+    dynamic = {i: ({0: "batch"} if batch_inputs is not None else {}) | dims for i, dims in case.dynamic.items()}
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             if exporter == "dynamo":
                 shapes = []
                 for i, example in enumerate(inputs):
-                    dims = {d: torch.export.Dim.AUTO for d in case.dynamic.get(i, {})}
+                    dims = {d: torch.export.Dim.AUTO for d in dynamic.get(i, {})}
                     shapes.append([dims] if isinstance(example, list) else (dims or None))
                 program = torch.onnx.export(
                     module,
@@ -757,12 +876,12 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
                     input_names=input_names,
                 )
                 proto = program.model_proto
-                fixed = _specialized(program, case)
+                fixed = _specialized(program, dynamic)
             else:
                 import onnx
 
                 buffer = io.BytesIO()
-                axes = {f"input{i}": dims for i, dims in case.dynamic.items()}
+                axes = {f"input{i}": dims for i, dims in dynamic.items()}
                 torch.onnx.export(
                     module,
                     inputs,
@@ -778,19 +897,21 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
         return dataclasses.replace(
             result, outcome="export fails", cause=_one_line(error), seconds=time.perf_counter() - start
         )
+    result.nodes = count_nodes(proto)
     try:
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1
+        serialized = proto.SerializeToString()
+        load = time.perf_counter()
         if with_opbridge:
             import opbridge_ort
 
-            session = opbridge_ort.InferenceSession(proto, options)
+            session = opbridge_ort.InferenceSession(serialized, options)
         else:
-            session = onnxruntime.InferenceSession(
-                proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-            )
+            session = onnxruntime.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
+        result.load_ms = 1000 * (time.perf_counter() - load)
         names = [i.name for i in session.get_inputs()]
 
         def run(example):
@@ -806,16 +927,33 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
         return dataclasses.replace(
             result, outcome="wrong result", max_error=worst, cause=mismatch, seconds=time.perf_counter() - start
         )
-    try:
-        mismatch, error_other = _compare(run(other_inputs), expected[1])
+
+    def check(other, want) -> str | None:
+        nonlocal worst
+        try:
+            mismatch, error_other = _compare(run(other), want)
+        except Exception as error:
+            return f"ORT refuses it: {_one_line(error)}"
         worst = max(worst, error_other)
-    except Exception as error:
-        mismatch = f"ORT refuses it: {_one_line(error)}"
+        return mismatch
+
+    mismatch = check(other_inputs, expected[1])
+    batch_mismatch = check(batch_inputs, expected[2]) if batch_inputs is not None else None
     result = dataclasses.replace(result, max_error=worst, seconds=time.perf_counter() - start)
+    if batch_inputs is not None:
+        result.batch = "fixed" if batch_mismatch else "dynamic"
+    reported = fixed or "no size was reported fixed"
     if mismatch:
         size = "x".join(str(d) for d in _flatten(other_inputs)[0].shape[-2:])
         result.outcome = "fixed size"
-        result.cause = f"matches at the exported size; at {size}: {mismatch}; {fixed or 'no size was reported fixed'}"
+        result.cause = f"matches at the exported size; at {size}: {mismatch}; {reported}"
+        if batch_mismatch:
+            result.cause += f"; at batch {OTHER_BATCH} too: {batch_mismatch}"
+    elif batch_mismatch:
+        result.outcome = "fixed batch"
+        result.cause = (
+            f"matches at batch {BATCH} (two image sizes); at batch {OTHER_BATCH}: {batch_mismatch}; {reported}"
+        )
     if timing:  # at the exported size, where the graph is right
         result.eager_ms = _time_ms(lambda: module(*inputs))
         result.ort_ms = _time_ms(lambda: run(inputs))
@@ -862,9 +1000,24 @@ def _first_tracer_warning(caught) -> str:
     return f"the trace fixed a value at {min(found)[1]}" if found else ""
 
 
-def _specialized(program, case: ModelCase) -> str:
-    """Where torch.export fixed the image size: a dim meant to be dynamic became a number, or a tensor made from
-    sizes became a constant of the graph (its first use in the model's code is named)."""
+def count_nodes(proto) -> int:
+    """Nodes of an ONNX model: its graph's, its subgraphs' (If, Loop, Scan) and its local functions'."""
+
+    def graph_nodes(graph) -> int:
+        total = 0
+        for node in graph.node:
+            total += 1
+            for attribute in node.attribute:
+                total += graph_nodes(attribute.g) if attribute.HasField("g") else 0
+                total += sum(graph_nodes(g) for g in attribute.graphs)
+        return total
+
+    return graph_nodes(proto.graph) + sum(graph_nodes(function) for function in proto.functions)
+
+
+def _specialized(program, dynamic: dict[int, dict[int, str]]) -> str:
+    """Where torch.export fixed the image size or the batch: a dim meant to be dynamic became a number, or a tensor
+    made from sizes became a constant of the graph (its first use in the model's code is named)."""
     try:
         exported = program.exported_program
         signature = exported.graph_signature
@@ -873,10 +1026,15 @@ def _specialized(program, case: ModelCase) -> str:
         lifted = [placeholders[name] for name in signature.inputs_to_lifted_tensor_constants if name in placeholders]
     except Exception:  # another torch's ExportedProgram: say nothing rather than guess
         return ""
-    for index, dims in case.dynamic.items():
+    for index, dims in dynamic.items():
         shape = getattr(user[index].meta.get("val"), "shape", None) if index < len(user) else None
-        if shape is not None and any(isinstance(shape[d], int) for d in dims if d < len(shape)):
-            fixed = "x".join(str(shape[d]) for d in dims if d < len(shape))
+        if shape is None:
+            continue
+        named = {name: shape[d] for d, name in dims.items() if d < len(shape)}
+        if isinstance(named.get("batch"), int):
+            return f"torch.export specialized the batch to {named['batch']}"
+        if any(isinstance(v, int) for name, v in named.items() if name != "batch"):
+            fixed = "x".join(str(v) for name, v in named.items() if name != "batch")
             return f"torch.export specialized the image size to {fixed}"
     for node in lifted:
         for use in node.users:
@@ -1044,16 +1202,19 @@ def markdown(results: Sequence[Result], environment: dict[str, str], seconds: fl
     lines = [
         "# Real models through both exporters into ONNX Runtime, without and with opbridge",
         "",
-        "Generated by `python -m opbridge models` (`nox -s models`): models from torchvision and transformers with",
-        "random weights and small configs, exported with a dynamic image size, run in ONNX Runtime at the exported",
-        "size and another, compared with eager (rtol 1e-3, atol 1e-4). Each case runs in a fresh process; `with`",
-        "imports opbridge and applies `opbridge.patch_model(model)`. Replay a case with",
-        "`python -m opbridge models --case ID`.",
+        "Generated by `python -m opbridge models` (`nox -s models`): models from torchvision, transformers,",
+        "Ultralytics and rfdetr with random weights and small configs, exported at batch 2 with a dynamic image size",
+        "and batch, run in ONNX Runtime at the exported size, at another size and at batch 3, compared with eager",
+        "(rtol 1e-3, atol 1e-4). Each case runs in a fresh process; `with` imports opbridge and applies",
+        "`opbridge.patch_model(model)`. Replay a case with `python -m opbridge models --case ID`.",
         "",
-        "Outcomes: **ok** (matches eager at both sizes); **fixed size** (matches at the exported size, not at the",
-        "other: the model's own code turned its image size into constants -- the TorchScript tracer records",
-        "Python arithmetic on sizes as numbers, torch.export bakes a tensor built from sizes -- and the cause",
-        "names the line); **wrong result**; **ORT refuses**; **export fails**; **eager fails**; **timeout**.",
+        "Outcomes: **ok** (matches eager at both sizes and both batches; torchvision's detectors take a list of",
+        "images, so they have no batch dimension to check); **fixed batch** (right at another size, not at another",
+        "batch); **fixed size** (matches at the exported size, not at the other: the model's own code turned its",
+        "image size into constants -- the TorchScript tracer records Python arithmetic on sizes as numbers,",
+        "torch.export bakes a tensor built from sizes -- and the cause names the line); **wrong result**;",
+        "**ORT refuses**; **export fails**; **eager fails**; **timeout**; **unavailable** (its library is not",
+        "installed).",
         "A detector's outputs are its detections: thresholds are lowered so that random weights give some. Its",
         "masks and keypoints pass through rounding steps (box sizes in whole pixels), so float32 differences of",
         "1e-5 in a box can move a few of their elements past the tolerance: a wrong result that is the same without",
@@ -1070,8 +1231,9 @@ def markdown(results: Sequence[Result], environment: dict[str, str], seconds: fl
         "",
     ]
     exports = sorted({(r.exporter, r.opset) for r in results}, key=lambda e: (e[0] != "legacy", e[1]))
-    header = "| model | " + " | ".join(f"{e} {o}: without → with" for e, o in exports) + " |"
-    lines += [header, "|" + "---|" * (len(exports) + 1)]
+    header = "| model | " + " | ".join(f"{e} {o}: without → with" for e, o in exports)
+    header += " | dynamic batch with opbridge (" + ", ".join(f"{e} {o}" for e, o in exports) + ") |"
+    lines += [header, "|" + "---|" * (len(exports) + 2)]
     by_key = {(r.model, r.exporter, r.opset, r.opbridge): r for r in results}
     models = list(dict.fromkeys(r.model for r in results))
     for model in models:
@@ -1079,11 +1241,15 @@ def markdown(results: Sequence[Result], environment: dict[str, str], seconds: fl
         for exporter, opset in exports:
             before, after = by_key.get((model, exporter, opset, False)), by_key.get((model, exporter, opset, True))
             row.append(f"{before.outcome if before else '-'} → {after.outcome if after else '-'}")
+        batches = [by_key.get((model, exporter, opset, True)) for exporter, opset in exports]
+        marks = {"dynamic": "yes", "fixed": "no"}
+        row.append(" / ".join(marks.get(r.batch, "-") if r else "-" for r in batches))
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "## Causes", "", "| case | outcome | cause |", "|---|---|---|"]
     for r in results:
         if r.outcome != "ok":
             lines.append(f"| `{r.id}` | {r.outcome} | {_ANSI.sub('', r.cause).replace('|', '/')} |")
+    lines += graph_size_markdown(results)
     timed = [r for r in results if r.eager_ms is not None]
     if timed:
         lines += [
@@ -1107,6 +1273,44 @@ def markdown(results: Sequence[Result], environment: dict[str, str], seconds: fl
                     f"({other.ort_ms / r.ort_ms:.2f}x) |"
                 )
     return "\n".join(lines) + "\n"
+
+
+def graph_size_markdown(results: Sequence[Result]) -> list[str]:
+    """Each export's node count and session load time, without -> with opbridge, where both exported; the cases
+    whose graph grew by more than GROWTH nodes are named above the table."""
+    by_key = {(r.model, r.exporter, r.opset, r.opbridge): r for r in results if r.nodes is not None}
+    rows, grown = [], []
+    for (model, exporter, opset, with_opbridge), after in by_key.items():
+        before = by_key.get((model, exporter, opset, False))
+        if not with_opbridge or before is None:
+            continue
+        load = (
+            f"{before.load_ms:.0f} → {after.load_ms:.0f} ms"
+            if before.load_ms is not None and after.load_ms is not None
+            else "-"
+        )
+        rows.append(f"| `{model}` | {exporter} {opset} | {before.nodes} → {after.nodes} | {load} |")
+        if after.nodes > before.nodes + GROWTH:
+            grown.append(f"`{after.id}` ({before.nodes} → {after.nodes})")
+    if not rows:
+        return []
+    return [
+        "",
+        "## Graph size and session load, without → with opbridge",
+        "",
+        "Nodes of each exported graph (functions and subgraphs included) and ONNX Runtime's session creation",
+        "(1 thread, one measurement, a shared machine). With opbridge a model's deformable attention is one node",
+        "per layer; elsewhere opbridge's rules should cost at most a few nodes per rewritten op. "
+        + (
+            f"Grown by more than {GROWTH} nodes: {', '.join(grown)}."
+            if grown
+            else f"No graph grew by more than {GROWTH} nodes."
+        ),
+        "",
+        "| model | export | nodes | session load |",
+        "|---|---|---|---|",
+        *rows,
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
