@@ -81,7 +81,9 @@ def _served(value: torch.Tensor, *precise: torch.Tensor, op: str = "ms_deform_at
 
 
 def _int64(size) -> torch.Tensor:
-    return size.to(torch.int64) if isinstance(size, torch.Tensor) else torch.scalar_tensor(size, dtype=torch.int64)
+    if isinstance(size, torch.Tensor):  # a traced size is int64 already: no Cast in the graph
+        return size if size.dtype == torch.int64 else size.to(torch.int64)
+    return torch.scalar_tensor(size, dtype=torch.int64)
 
 
 def _level_table(value_spatial_shapes) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,8 +92,8 @@ def _level_table(value_spatial_shapes) -> tuple[torch.Tensor, torch.Tensor]:
         shapes = value_spatial_shapes.to(torch.int64)
     else:  # sizes as ints, or as the 0-d tensors the TorchScript tracer gives for a traced shape (kept traced)
         shapes = torch.stack([_int64(size) for pair in value_spatial_shapes for size in pair]).view(-1, 2)
-    areas = shapes[:, 0] * shapes[:, 1]
-    return shapes, torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]])
+    areas = shapes.prod(1)
+    return shapes, areas.cumsum(0) - areas  # each level's start: the areas before it (two nodes in a graph)
 
 
 def _hub_layer_forward(self, value, value_spatial_shapes, value_spatial_shapes_list, level_start_index,

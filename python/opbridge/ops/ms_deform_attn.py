@@ -456,36 +456,46 @@ def _levels(b, spatial_shapes, locations, weights) -> int | None:
     return next((c for c in candidates if c is not None), None)
 
 
+def _as_int64(b, table):
+    """A level table (any integer type) as INT64: the table itself where the exporter knows it is (as models build
+    it), a Cast otherwise."""
+    try:
+        return table if b.dtype(table, "level table") == torch.int64 else b.op("Cast", table, to=7)
+    except specs.UnknownToExporter:
+        return b.op("Cast", table, to=7)
+
+
 def _grid_sample(b, value, spatial_shapes, level_start_index, locations, weights):
-    """GridSample per level (opset >= 16), as Deformable DETR's pure-PyTorch path. The Gather lowering serves
+    """GridSample per level (opset >= 16), as Deformable DETR's pure-PyTorch path, in few nodes: value split into
+    its levels at level_start_index (the op's contract, checked in eager: the levels tile S in order), each level's
+    P points sampled in one GridSample, and one weighted sum over levels and points. The Gather lowering serves
     instead where the number of levels is unknown to the exporter, and for float64 below opset 20 (ONNX Runtime has
     no float64 kernel of GridSample-16)."""
     levels = _levels(b, spatial_shapes, locations, weights)
     if levels is None or (b.opset < 20 and b.dtype(value, "value") == torch.float64):
         return _gathered(b, value, spatial_shapes, level_start_index, locations, weights)
     g = _Graph(b, value, locations)
-    spatial_shapes = b.op("Cast", spatial_shapes, to=7)  # any integer type: INT64
-    level_start_index = b.op("Cast", level_start_index, to=7)
+    shapes, starts = (_as_int64(b, t) for t in (spatial_shapes, level_start_index))
+    ends = b.op("Concat", b.op("Slice", starts, b.constant([1]), b.constant([levels])), g.s_1d, axis=0)
     nm_1d = b.op("Mul", g.n_1d, g.m_1d)
-    # value [N, S, M, D] -> [N*M, D, S]; grids [N, Lq, M, L, P, 2] -> [N, M, L, Lq, P, 2] in [-1, 1]
-    planes = b.op("Reshape", b.op("Transpose", value, perm=[0, 2, 3, 1]), g.shape(nm_1d, g.d_1d, g.s_1d))
-    grids = b.op("Transpose", b.op("Sub", b.op("Mul", locations, g.const(2.0)), g.const(1.0)), perm=[0, 2, 3, 1, 4, 5])
-    attention = b.op("Transpose", weights, perm=[0, 2, 3, 1, 4])  # [N, M, L, Lq, P]
+    planes = b.op("Transpose", value, perm=[0, 2, 3, 1])  # [N, M, D, S]
+    # locations [N, Lq, M, L, P, 2] -> [N, M, Lq, L, P, 2] in [-1, 1]
+    grids = b.op("Transpose", b.op("Sub", b.op("Mul", locations, g.const(2.0)), g.const(1.0)), perm=[0, 2, 1, 3, 4, 5])
+    grid_shape = g.shape(nm_1d, g.lq_1d, g.p_1d, (2,))
     mode = "linear" if b.opset >= 20 else "bilinear"
-    out = None
+    sampled = []
     for level in range(levels):
-        hw = b.op("Gather", spatial_shapes, b.constant(level), axis=0)  # [2]
-        height, width = g.part(hw, 0), g.part(hw, 1)
-        start = b.op("Gather", level_start_index, b.constant([level]), axis=0)
-        end = b.op("Add", start, b.op("Mul", height, width))
-        plane = b.op("Slice", planes, start, end, b.constant([2]))
-        plane = b.op("Reshape", plane, g.shape(nm_1d, g.d_1d, height, width))
-        grid = b.op("Reshape", b.op("Gather", grids, b.constant(level), axis=2), g.shape(nm_1d, g.lq_1d, g.p_1d, (2,)))
-        sampled = b.op("GridSample", plane, grid, align_corners=0, mode=mode, padding_mode="zeros")  # [NM, D, Lq, P]
-        weight = b.op("Reshape", b.op("Gather", attention, b.constant(level), axis=2),
-                      g.shape(nm_1d, (1,), g.lq_1d, g.p_1d))  # fmt: skip
-        term = g.reduce_sum(b.op("Mul", sampled, weight), [3])  # [NM, D, Lq]
-        out = term if out is None else b.op("Add", out, term)
+        at = b.constant([level])
+        hw = b.op("Gather", shapes, b.constant(level), axis=0)  # [2]
+        plane = b.op("Slice", planes, b.op("Gather", starts, at), b.op("Gather", ends, at), b.constant([3]))
+        plane = b.op("Reshape", plane, g.shape(nm_1d, g.d_1d, hw))  # [NM, D, H, W]
+        grid = b.op("Reshape", b.op("Gather", grids, b.constant(level), axis=3), grid_shape)  # [NM, Lq, P, 2]
+        sampled.append(b.op("GridSample", plane, grid, align_corners=0, mode=mode, padding_mode="zeros"))
+    # [NM, D, Lq, L * P] (levels-major, as the weights') times weights [N, Lq, M, L, P] -> [NM, 1, Lq, L * P]
+    samples = b.op("Concat", *sampled, axis=3) if levels > 1 else sampled[0]
+    attention = b.op("Reshape", b.op("Transpose", weights, perm=[0, 2, 1, 3, 4]),
+                     g.shape(nm_1d, (1,), g.lq_1d, b.op("Mul", g.p_1d, b.constant([levels]))))  # fmt: skip
+    out = g.reduce_sum(b.op("Mul", samples, attention), [3])  # [NM, D, Lq]
     out = b.op("Reshape", out, g.shape(g.n_1d, b.op("Mul", g.m_1d, g.d_1d), g.lq_1d))
     return b.op("Transpose", out, perm=[0, 2, 1])
 
