@@ -222,3 +222,45 @@ def test_patched_layers_export_as_the_node_with_either_exporter(library, dynamo)
     session = opbridge_ort.InferenceSession(model.SerializeToString())
     feeds = {i.name: a.numpy() for i, a in zip(model.graph.input, inputs, strict=False)}
     np.testing.assert_allclose(session.run(None, feeds)[0], expected.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+_OBB_EXPORT = """
+import sys, warnings
+if sys.argv[1] == "with":
+    import opbridge
+import numpy, onnx, onnxruntime, torch, ultralytics
+
+warnings.simplefilter("ignore")
+torch.manual_seed(0)
+model = ultralytics.YOLO("yolo11n-obb.yaml")
+if sys.argv[1] == "with":
+    assert not opbridge.patch_model(model.model).swapped  # nothing of opbridge's computes ProbIoU fast-NMS
+path = model.export(format="onnx", nms=True, dynamic=True, imgsz=160, simplify=False, conf=0.0001)
+session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+images = torch.rand(2, 3, 160, 192, generator=torch.Generator().manual_seed(1)).numpy()
+numpy.save(sys.argv[2] + ".npy", session.run(None, {session.get_inputs()[0].name: images})[0])
+open(sys.argv[2] + ".txt", "w").write(" ".join(n.op_type for n in onnx.load(path).graph.node))
+"""
+
+
+def test_ultralytics_obb_export_with_its_rotated_nms_is_the_same_with_opbridge(tmp_path):
+    """YOLO11n-OBB's own export with its rotated NMS in the graph (`nms=True`: Fast-NMS on ProbIoU, a Gaussian
+    similarity that no opbridge op computes -- opbridge's nms_rotated is greedy NMS on polygon IoU, which would keep
+    other boxes -- so patch_model leaves it alone): `import opbridge` changes neither the graph nor the detections
+    (each export in a process of its own, random weights, no download)."""
+    pytest.importorskip("ultralytics")
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    script = tmp_path / "export.py"
+    script.write_text(_OBB_EXPORT)
+    for mode in ("without", "with"):
+        (tmp_path / mode).mkdir()
+        subprocess.run([sys.executable, str(script), mode, str(tmp_path / mode / "out")], cwd=tmp_path / mode,
+                       check=True, capture_output=True, timeout=600)  # fmt: skip
+    without, with_ = (np.load(tmp_path / m / "out.npy") for m in ("without", "with"))
+    assert without.shape[0] == 2 and without.shape[-1] == 7  # (cx, cy, w, h, score, class, angle) per image
+    np.testing.assert_array_equal(with_, without)
+    assert (tmp_path / "with" / "out.txt").read_text() == (tmp_path / "without" / "out.txt").read_text()

@@ -16,7 +16,8 @@ back a :class:`Patch` that undoes it. What it serves:
 * Ultralytics' RT-DETR (``multi_scale_deformable_attn_pytorch`` in ``ultralytics.nn.modules.transformer``) and
   Roboflow's RF-DETR / LW-DETR in the ``rfdetr`` package (``ms_deform_attn_core_pytorch``, value in its
   ``[N, M, D, S]`` layout): the module-level function the model's attention calls, swapped while the patch is
-  active, where its parameters are the ones served (another release: a warning, and nothing swapped);
+  active, where its parameters are the ones served (another release: a warning, and nothing swapped); Ultralytics'
+  oriented YOLO is left alone: its rotated NMS is Fast-NMS on ProbIoU, not the polygon IoU of ``nms_rotated``;
 * ``multi_scale_deformable_attention_v2`` of RT-DETR v2 (a module-level function, swapped while the patch is
   active): served where it computes MSDA (bilinear ``method="default"``, also with per-level point counts, padded
   to the largest with samples the op skips); the ``"discrete"`` (nearest, border-clamped) method falls through to the

@@ -141,7 +141,7 @@ def _transformers(model_class: str, config: Callable[[], object], size: int, oth
         import transformers
 
         torch.manual_seed(0)
-        module = _HuggingFaceWrapper(getattr(transformers, model_class)(config()).eval(), extra)
+        module = _HuggingFaceWrapper(getattr(transformers, model_class)(config()).eval(), extra).eval()
         # Random convolutional backbones (HGNet, ResNet) let features vanish: the two-stage DETRs' query
         # selection (top-k of encoder scores) then picks among ties, in an order ORT and torch need not share.
         _unit_scale_convolutions(module, (_image(size),))
@@ -213,7 +213,7 @@ def _ultralytics(config: str, size: int, other: int):
             if hasattr(layer, "dynamic"):
                 layer.dynamic = True
         _spread_constant_layers(model)
-        module = _Predictions(model, raw=detr)
+        module = _Predictions(model, raw=detr).eval()
         _unit_scale_convolutions(module, (_image(size),))
         return module, (_image(size, BATCH),), (_image(other, BATCH),), (_image(size, OTHER_BATCH),)
 
@@ -844,6 +844,7 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
     start = time.perf_counter()
     try:
         module, inputs, other_inputs, batch_inputs = case.build()
+        module.eval()  # the whole module: an exporter restores the mode it finds, a wrapper's included
         if with_opbridge:
             opbridge.patch_model(module)
         with torch.no_grad():
