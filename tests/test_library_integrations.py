@@ -109,7 +109,10 @@ def test_ultralytics_rtdetr_model_is_served_and_exports_the_node(tmp_path, op_ca
     with torch.no_grad():
         expected = model.double()(pixels)[0]
         with opbridge.patch_model(model) as patch:
-            assert patch.swapped == ["ultralytics.nn.modules.transformer.multi_scale_deformable_attn_pytorch"]
+            assert patch.swapped == [
+                "ultralytics.nn.modules.transformer.multi_scale_deformable_attn_pytorch",
+                "ultralytics.nn.modules.head.RTDETRDecoder (anchors from the sizes under torch.export)",
+            ]
             got = model(pixels)[0]
     assert op_calls and len(op_calls) == sum(type(m).__name__ == "MSDeformAttn" for m in model.modules())
     torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
@@ -234,7 +237,8 @@ warnings.simplefilter("ignore")
 torch.manual_seed(0)
 model = ultralytics.YOLO("yolo11n-obb.yaml")
 if sys.argv[1] == "with":
-    assert not opbridge.patch_model(model.model).swapped  # nothing of opbridge's computes ProbIoU fast-NMS
+    # nothing of opbridge's computes ProbIoU fast-NMS: only the head's anchors rewrite (for torch.export) applies
+    assert all("under torch.export" in label for label in opbridge.patch_model(model.model).swapped)
 path = model.export(format="onnx", nms=True, dynamic=True, imgsz=160, simplify=False, conf=0.0001)
 session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
 images = torch.rand(2, 3, 160, 192, generator=torch.Generator().manual_seed(1)).numpy()
@@ -246,8 +250,8 @@ open(sys.argv[2] + ".txt", "w").write(" ".join(n.op_type for n in onnx.load(path
 def test_ultralytics_obb_export_with_its_rotated_nms_is_the_same_with_opbridge(tmp_path):
     """YOLO11n-OBB's own export with its rotated NMS in the graph (`nms=True`: Fast-NMS on ProbIoU, a Gaussian
     similarity that no opbridge op computes -- opbridge's nms_rotated is greedy NMS on polygon IoU, which would keep
-    other boxes -- so patch_model leaves it alone): `import opbridge` changes neither the graph nor the detections
-    (each export in a process of its own, random weights, no download)."""
+    other boxes -- so patch_model swaps no op in it): `import opbridge` and patch_model change neither the graph nor
+    the detections (each export in a process of its own, random weights, no download)."""
     pytest.importorskip("ultralytics")
     import subprocess
     import sys

@@ -190,3 +190,58 @@ def test_jit_is_tracing_is_true_under_torch_export_only():
     assert torch.export.export(Branch(), (x,)).module()(x).tolist() == [1.0, 1.0]
     assert torch.compile(Branch(), backend="eager")(x).tolist() == [0.0, 0.0]
     assert shim.jit.script is torch.jit.script
+
+
+class _AnchorCachingHead(torch.nn.Module):
+    """An Ultralytics-style head (its class's module is named ultralytics.*): anchors built for the last input's
+    size, rebuilt when the size changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shape = None
+        self.anchors = torch.empty(0)
+
+    def forward(self, x):
+        shape = x.shape
+        if self.shape != shape:
+            self.anchors = torch.arange(x.shape[-1], dtype=x.dtype) / x.shape[-1]
+            self.shape = shape
+        return x + self.anchors
+
+
+_AnchorCachingHead.__module__ = "ultralytics.opbridge_test"
+
+
+def _export_and_run_at_another_width(head):
+    example, other = torch.rand(2, 3, 8), torch.rand(2, 3, 12)
+    head(example)  # an eager call at the example's size: what the export meets in the cache
+    dims = {0: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.export.export(head, (example,), dynamic_shapes=(dims,))
+    return program.module()(other), other + torch.arange(12, dtype=other.dtype) / 12
+
+
+def test_ultralytics_heads_build_anchors_from_the_sizes_under_torch_export(monkeypatch):
+    source_module = types.ModuleType("ultralytics.opbridge_test")
+    source_module.__file__ = __file__  # where inspect finds the head's source
+    monkeypatch.setitem(sys.modules, source_module.__name__, source_module)
+    # Without the rewrite the cached anchors of width 8 are a constant of the program (it fails at width 12).
+    with pytest.raises(Exception):  # noqa: B017 (torch.export's message varies by release)
+        _export_and_run_at_another_width(_AnchorCachingHead())
+    head = _AnchorCachingHead()
+    patch = Patch()
+    rewrites.apply_to_layers(head, patch)
+    assert patch.swapped == ["ultralytics.opbridge_test._AnchorCachingHead (anchors from the sizes under torch.export)"]
+    got, want = _export_and_run_at_another_width(head)
+    torch.testing.assert_close(got, want)
+    # eager is the class's own forward, and a deep copy (Ultralytics' exporter makes one) runs its own layer
+    x = torch.rand(1, 3, 5)
+    torch.testing.assert_close(head(x), x + torch.arange(5.0) / 5)
+    import copy
+
+    twin = copy.deepcopy(head)
+    twin(torch.rand(1, 3, 7))
+    assert twin.shape == (1, 3, 7) and head.shape == (1, 3, 5)
+    patch.restore()
+    assert "forward" not in vars(head)

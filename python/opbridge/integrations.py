@@ -398,4 +398,5 @@ def patch_model(model: torch.nn.Module) -> Patch:
     from . import rewrites
 
     rewrites.apply(modules_seen, patch)
+    rewrites.apply_to_layers(model, patch)
     return patch

@@ -17,6 +17,9 @@ too: where a module uses transformers' ``torch_int``, it gets one that hands a s
 and its successors' position embeddings). And the models' export branches, taken under ``torch.jit.is_tracing()``
 ("always interpolate when tracing": DINOv2's position embeddings in RF-DETR), are taken under torch.export too.
 
+Ultralytics' heads (RT-DETR's decoder, the YOLO heads) cache anchors built for the last input's size; under
+torch.export they forget that size, so the anchors come from the symbolic sizes (:func:`apply_to_layers`).
+
 What it serves (transformers 5.x; found by reading the modules, not from a list): Deformable DETR, Grounding DINO,
 MM Grounding DINO, LW-DETR, RF-DETR, Mask2Former, OneFormer (the level table and the reference points), RT-DETR and
 the models built on its code (``torch_int``), and every other module of a patched model with ``torch.linspace``.
@@ -31,7 +34,7 @@ import types
 
 import torch
 
-__all__ = ["SizeAwareTorch", "apply"]
+__all__ = ["SizeAwareTorch", "apply", "apply_to_layers"]
 
 
 def _symbolic(size) -> bool:
@@ -145,6 +148,49 @@ def apply(module_names, patch) -> None:
         library_int = _library_torch_int()
         if library_int is not None and getattr(module, "torch_int", None) is library_int:
             _swap(patch, module, "torch_int", _size_aware_int(library_int), f"{name}.torch_int")
+
+
+#: Ultralytics' heads keep anchors built for the last input's size and rebuild them when it changes (these lines;
+#: ``dynamic=True`` rebuilds them always, which is how Ultralytics' own TorchScript export keeps sizes dynamic).
+#: Under torch.export the comparison sees the example's sizes, equal to the last eager call's, so the cached
+#: anchors become constants of the graph; ``dynamic=True`` cannot serve torch.export either (RT-DETR's top-k then
+#: takes a tensor k). The rewrite forgets the cached size while torch.export traces: the anchors are built from the
+#: symbolic sizes, and eager mode rebuilds them on its next call.
+_CACHED_SIZES = {"self.shapes != shapes": "shapes", "self.shape != shape": "shape"}
+
+
+def apply_to_layers(model: torch.nn.Module, patch) -> None:
+    """The rewrites of a model's Ultralytics layers that cache a size (``_CACHED_SIZES``), recorded in ``patch``:
+    an instance forward that forgets the cached size under torch.export (a bound method, so that a deep copy of the
+    model, as Ultralytics' exporter makes, calls its own layer)."""
+    for layer in model.modules():
+        cls = type(layer)
+        if cls.__module__.startswith("ultralytics.") and "forward" not in vars(layer) and _cached_sizes(cls):
+            layer.forward = types.MethodType(_forgetting_forward(cls), layer)
+            patch._undo.append(functools.partial(vars(layer).pop, "forward", None))
+            patch.swapped.append(f"{cls.__module__}.{cls.__qualname__} (anchors from the sizes under torch.export)")
+
+
+@functools.cache
+def _cached_sizes(cls: type) -> tuple[str, ...]:
+    source = "".join(_source(k) or "" for k in cls.__mro__ if k.__module__.startswith("ultralytics."))
+    return tuple(name for line, name in _CACHED_SIZES.items() if line in source)
+
+
+@functools.cache
+def _forgetting_forward(cls: type):
+    """``cls.forward`` with the cached sizes forgotten under torch.export; its signature is the forward's (which
+    torch.export matches its dynamic_shapes against)."""
+    forward = cls.forward
+
+    @functools.wraps(forward)
+    def forgetting(self, *args, **kwargs):
+        if torch.compiler.is_exporting():
+            for name in _cached_sizes(cls):
+                setattr(self, name, None)
+        return forward(self, *args, **kwargs)
+
+    return forgetting
 
 
 def _source(obj) -> str | None:

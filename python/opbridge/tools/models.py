@@ -189,15 +189,21 @@ class _Predictions(torch.nn.Module):
         super().__init__()
         self.model = model
         self.raw = raw
+        self._heads = [layer for layer in model.modules() if hasattr(layer, "dynamic")]  # a list: not submodules
 
     def forward(self, images):
+        # Ultralytics' exporter (the TorchScript one: it passes dynamo=False) sets its heads' `dynamic` for a
+        # dynamic export, so that they rebuild anchors from the traced sizes. torch.export's sizes are symbolic
+        # anyway, and there `dynamic` makes the top-k's k a tensor, which torch.export cannot take: off.
+        for head in self._heads:
+            head.dynamic = torch.jit.is_tracing()
         predictions, raw = self.model(images)
         return (raw[0][-1], raw[1][-1]) if self.raw else predictions
 
 
 def _ultralytics(config: str, size: int, other: int):
-    """An Ultralytics model from the yaml its package ships (random weights, no download), its heads set to
-    rebuild their anchors from each input's size, as Ultralytics' own exporter sets them for ``dynamic=True``."""
+    """An Ultralytics model from the yaml its package ships (random weights, no download), its heads set as
+    Ultralytics' own exporter sets them for ``dynamic=True`` (_Predictions)."""
 
     def build():
         import torch
@@ -209,9 +215,6 @@ def _ultralytics(config: str, size: int, other: int):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = kind(config, verbose=False).eval()
-        for layer in model.modules():
-            if hasattr(layer, "dynamic"):
-                layer.dynamic = True
         _spread_constant_layers(model)
         module = _Predictions(model, raw=detr).eval()
         _unit_scale_convolutions(module, (_image(size),))
