@@ -268,3 +268,15 @@ def test_ultralytics_obb_export_with_its_rotated_nms_is_the_same_with_opbridge(t
     assert without.shape[0] == 2 and without.shape[-1] == 7  # (cx, cy, w, h, score, class, angle) per image
     np.testing.assert_array_equal(with_, without)
     assert (tmp_path / "with" / "out.txt").read_text() == (tmp_path / "without" / "out.txt").read_text()
+
+
+@pytest.mark.parametrize("model", ["ultralytics.rtdetr-l", "rfdetr.RFDETRNano"])
+def test_patched_models_export_a_dynamic_size_and_batch_with_torch_export(model):
+    """The model sweep's case with opbridge and torch's default exporter (opset 18): exported at batch 2, ONNX Runtime
+    matches eager at another image size and at batch 3 (Ultralytics: its heads' cached anchors rebuilt from the
+    symbolic sizes; rfdetr: its level table and DINOv2's export branch, opbridge.rewrites)."""
+    from opbridge.tools import models
+
+    pytest.importorskip(model.split(".")[0])
+    result = models.run_case(model, True, "dynamo", 18)
+    assert (result.outcome, result.batch) == ("ok", "dynamic"), result

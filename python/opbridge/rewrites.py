@@ -105,8 +105,13 @@ class SizeAwareTorch(types.ModuleType):
         return (index * ((end - start) / torch.sym_max(steps - 1, 1)) + start).to(dtype)
 
 
-#: Code that makes a module's ``torch`` become :class:`SizeAwareTorch`.
-_SIZE_LINES = ("torch.as_tensor(spatial_shapes_list", "torch.linspace(")
+#: The libraries whose modules are rewritten, and the code that makes such a module's ``torch`` become
+#: :class:`SizeAwareTorch`: rfdetr builds its level table with ``torch.as_tensor(spatial_shapes_hw)`` under
+#: torch.export (a constant of the graph) and takes DINOv2's export branch under ``torch.jit.is_tracing()`` only.
+_SIZE_LINES = {
+    "transformers.": ("torch.as_tensor(spatial_shapes_list", "torch.linspace("),
+    "rfdetr.": ("torch.as_tensor(spatial_shapes_hw", "torch.linspace(", "torch.jit.is_tracing()"),
+}
 
 
 def _swap(patch, owner, name: str, replacement, label: str) -> None:
@@ -134,16 +139,17 @@ def _library_torch_int():
 
 
 def apply(module_names, patch) -> None:
-    """The rewrites for the transformers modules of a model (``module_names``), recorded in ``patch``: modules
-    whose global ``torch`` is torch and that build tensors from sizes (``_SIZE_LINES``) see :class:`SizeAwareTorch`
-    instead. A module whose ``torch`` is something else already (another patch, another library's shim) is left
-    alone."""
+    """The rewrites for the transformers and rfdetr modules of a model (``module_names``), recorded in ``patch``:
+    modules whose global ``torch`` is torch and that build tensors from sizes (``_SIZE_LINES``) see
+    :class:`SizeAwareTorch` instead. A module whose ``torch`` is something else already (another patch, another
+    library's shim) is left alone."""
     for name in sorted(module_names):
         module = sys.modules.get(name)
-        if module is None or not name.startswith("transformers."):
+        lines = next((lines for prefix, lines in _SIZE_LINES.items() if name.startswith(prefix)), None)
+        if module is None or lines is None:
             continue
         source = _source(module) or ""
-        if getattr(module, "torch", None) is torch and any(line in source for line in _SIZE_LINES):
+        if getattr(module, "torch", None) is torch and any(line in source for line in lines):
             _swap(patch, module, "torch", SizeAwareTorch(), f"{name}.torch (as_tensor, linspace)")
         library_int = _library_torch_int()
         if library_int is not None and getattr(module, "torch_int", None) is library_int:
