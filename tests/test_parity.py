@@ -83,30 +83,22 @@ def test_the_report_says_where_the_time_went():
     assert set(document["seconds"]) == set(case.seconds)
 
 
-def test_a_gap_of_one_ort_release_is_n_a_there_and_a_failure_elsewhere(monkeypatch):
-    """ORT 1.23's FusedMatMul without a float64 kernel is that release's gap (named, with the workaround); the same
-    message under another release stays a failure, and so does any other failure under 1.23."""
+@pytest.mark.parametrize("release", ["1.16.3", "1.20.1", "1.23.2", "1.24.4"])
+def test_fused_matmul_without_float64_is_a_gap_of_the_releases_that_lack_it(monkeypatch, release):
+    """ORT 1.16 to 1.24 fuse Transpose + MatMul into FusedMatMul, which has no float64 kernel (both messages, as the
+    matrix's 1.16.3, 1.20.1, 1.23 and 1.24.4 cells gave them, 2026-11-27): n/a there, with the workaround named; the
+    same message under 1.32 (which runs those models) stays a failure, and so does any other failure beside it."""
     import onnxruntime
 
-    fused = "NotImplemented: Failed to find kernel for com.microsoft.FusedMatMul(1) (node:'/MatMul/Fusion/')"
-    subresults = [parity.SubResult("same", "static", False, None, fused)]
-    monkeypatch.setattr(onnxruntime, "__version__", "1.23.2")
-    assert "ONNX Runtime 1.23" in parity._environment_gap(subresults)
+    messages = [
+        "NotImplemented: Failed to find kernel for com.microsoft.FusedMatMul(1) (node:'/MatMul/Fusion/')",
+        "NotImplemented: [ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Failed to find kernel for FusedMatMul(1) "
+        "(node MatMul_With_Transpose). Op with name (MatMul_With_Transpose) domain (com.microsoft)",
+    ]
+    subresults = [parity.SubResult("same", "static", False, None, message) for message in messages]
+    monkeypatch.setattr(onnxruntime, "__version__", release)
+    assert "ONNX Runtime 1.16 to 1.24" in parity._environment_gap(subresults)
     other = [*subresults, parity.SubResult("broadcast", "static", False, 0.5, "max error 0.5")]
     assert parity._environment_gap(other) == ""
-    monkeypatch.setattr(onnxruntime, "__version__", "1.24.4")
-    assert parity._environment_gap(subresults) == ""
-
-
-def test_ort_1_16s_fused_matmul_gap_is_its_own(monkeypatch):
-    """ORT 1.16 fails the same float64 MatMul-with-transpose models with its own message (the matrix's ORT 1.16 cell,
-    2026-11-27): n/a there, a failure under 1.20, which runs them."""
-    import onnxruntime
-
-    message = ("NotImplemented: [ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Failed to find kernel for FusedMatMul(1) "
-               "(node MatMul_With_Transpose). Op with name (MatMul_With_Transpose) domain (com.microsoft)")  # fmt: skip
-    subresults = [parity.SubResult("same", "dynamic", False, None, message)]
-    monkeypatch.setattr(onnxruntime, "__version__", "1.16.3")
-    assert "ONNX Runtime 1.16" in parity._environment_gap(subresults)
-    monkeypatch.setattr(onnxruntime, "__version__", "1.20.1")
+    monkeypatch.setattr(onnxruntime, "__version__", "1.32.0")
     assert parity._environment_gap(subresults) == ""
