@@ -220,3 +220,22 @@ def test_register_mapping_serves_both_exporters():
         torch.testing.assert_close(torch.from_numpy(session.run(None, {"x": x.numpy()})[0]), 3 * x)
     with pytest.raises(ValueError, match=r"already has a mapping .* pass override=True"):
         opbridge.onnx.register_mapping("opbridge_test::triple", lambda b, x: x)
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_isin_with_a_scalar_or_another_dtype_exports_with_the_torchscript_exporter(opset):
+    """aten::isin's other overloads and mixed dtypes (the parity cells take two tensors of one dtype): a scalar test
+    element, and int32 elements against int64 test elements, both compared as torch does."""
+
+    class Model(torch.nn.Module):
+        def forward(self, ids, narrow):
+            return torch.isin(ids, 3), torch.isin(narrow, ids, invert=True)
+
+    ids = torch.tensor([[1, 3, 5], [3, 7, 9]])
+    narrow = torch.tensor([5, 6, 3], dtype=torch.int32)
+    model = opbridge.onnx.export(Model(), (ids, narrow), None, dynamo=False, opset_version=opset,
+                                 input_names=["ids", "narrow"])  # fmt: skip
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"ids": ids.numpy(), "narrow": narrow.numpy()})
+    for value, want in zip(got, Model()(ids, narrow), strict=True):
+        assert value.tolist() == want.tolist()

@@ -139,3 +139,13 @@ def test_graph_growth_is_named_in_the_report():
     grown = models.Result(id="with:m:legacy17", opbridge=True, nodes=101 + models.GROWTH, load_ms=11.0, **base)
     text = "\n".join(models.graph_size_markdown([before, grown]))
     assert f"Grown by more than {models.GROWTH} nodes: `with:m:legacy17` (100 → 121)" in text
+
+
+def test_graph_growth_counts_like_for_like_only():
+    """A graph that follows the sizes (ok with opbridge, fixed size without) holds as nodes what the other holds as
+    constants: named with both outcomes, not counted as growth."""
+    base = dict(model="m", exporter="dynamo", opset=18, cause="", load_ms=1.0)
+    before = models.Result(id="without:m:dynamo18", opbridge=False, outcome="fixed size", nodes=100, **base)
+    after = models.Result(id="with:m:dynamo18", opbridge=True, outcome="ok", nodes=300, **base)
+    text = "\n".join(models.graph_size_markdown([before, after]))
+    assert "| `m` | dynamo 18 | 100 → 300 (fixed size → ok) |" in text and "No graph grew" in text
