@@ -85,8 +85,11 @@ def test_runs_accumulate_in_the_store_and_older_wheels_are_marked_stale(tmp_path
     write(tmp_path / "first", "b.json", versioned("2.11.0", "0.1.0.210", "aa"))
     assert compatibility.main(["c", str(tmp_path / "first"), str(out)]) == 0
     assert store.is_file() and len(json.loads(store.read_text())["runs"]) == 2
+    # The classic wheel of the same release (its fourth component is its torch floor, 206) is current too.
+    classic = versioned("2.6.0", "0.1.0.206", "cc")
+    assert not compatibility.stale([versioned("2.10.0", "0.1.0.210", "aa"), classic])
     # A second matrix run of one torch version only, from newer sources: the other run stays, marked stale.
-    write(tmp_path / "second", "c.json", versioned("2.10.0", "0.1.0.215", "bb"))
+    write(tmp_path / "second", "c.json", versioned("2.10.0", "0.1.1.210", "bb"))
     assert compatibility.main(["c", str(tmp_path / "second"), str(out)]) == 0
     text = out.read_text()
     assert len(json.loads(store.read_text())["runs"]) == 3
@@ -97,7 +100,7 @@ def test_runs_accumulate_in_the_store_and_older_wheels_are_marked_stale(tmp_path
     header = next(line for line in text.splitlines() if line.startswith("| exporter |"))
     assert header == "| exporter | lowering | opset | torch 2.10.0 / ORT 1.31.1 / Python 3.11 |"
     # The same wheel and versions again: replaced, not added; and the page re-renders from the store alone.
-    write(tmp_path / "third", "c.json", versioned("2.10.0", "0.1.0.215", "bb"))
+    write(tmp_path / "third", "c.json", versioned("2.10.0", "0.1.1.210", "bb"))
     assert compatibility.main(["c", str(tmp_path / "third"), str(out)]) == 0
     assert len(json.loads(store.read_text())["runs"]) == 3
     assert compatibility.main(["c", str(tmp_path / "absent"), str(out)]) == 0
@@ -108,8 +111,8 @@ def test_runs_accumulate_in_the_store_and_older_wheels_are_marked_stale(tmp_path
 def test_a_failure_in_a_stale_run_does_not_fail_the_report():
     stable = "opbridge-0.1.0.210-cp311-cp311-manylinux_2_34_x86_64.whl"
     old = _report("2.12.1", stable, {"passed": 39, "failed": 1, "skipped": 2})
-    old["environment"]["opbridge"] = "0.1.0.200"
-    new = _report("2.12.1", stable.replace("210", "220"), {"passed": 40, "failed": 0, "skipped": 2})
-    new["environment"]["opbridge"] = "0.1.0.220"
+    old["environment"]["opbridge"] = "0.1.0.210"
+    new = _report("2.12.1", stable.replace("0.1.0", "0.1.1"), {"passed": 40, "failed": 0, "skipped": 2})
+    new["environment"]["opbridge"] = "0.1.1.210"
     text, failures = compatibility.render([old, new])
     assert failures == 0 and "stale: not counted" in text

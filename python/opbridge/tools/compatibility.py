@@ -6,10 +6,10 @@ Standard library only (no torch), so it runs anywhere. Runs accumulate: every ru
 (default: docs/compatibility-runs.json beside the page, committed), condensed to what the page shows, keyed by its
 opbridge wheel (file and SHA-256) and versions (torch, ORT, Python); a new report of the same key replaces the
 old one, any other run stays. A run of a wheel built from older sources than the newest run's (a lower opbridge
-version) is marked stale and listed, but gets no column in the op tables. One table per op: a row per (exporter,
-lowering, opset), a column per current run (torch x ORT x Python); each cell is pass (with the max error), FAIL,
-or n/a with a footnoted reason. Exits 1 if any current cell failed unexpectedly or any test failed under a
-current run's wheels.
+release, major.minor.patch) is marked stale and listed, but gets no column in the op tables. One table per op: a
+row per (exporter, lowering, opset), a column per current run (torch x ORT x Python); each cell is pass (with the
+max error), FAIL, or n/a with a footnoted reason. Exits 1 if any current cell failed unexpectedly or any test
+failed under a current run's wheels.
 """
 
 from __future__ import annotations
@@ -66,10 +66,12 @@ def merge(stored: list[dict], new: list[dict]) -> list[dict]:
 
 
 def stale(reports: list[dict]) -> set[str]:
-    """Keys of the runs whose opbridge wheel was built from older sources than the newest run's."""
-    versions = [_opbridge_version(r) for r in reports if _opbridge_version(r)]
-    newest = max(versions, default=())
-    return {run_key(r) for r in reports if _opbridge_version(r) and _opbridge_version(r) < newest}
+    """Keys of the runs whose opbridge wheel was built from older sources than the newest run's: an older release
+    (major.minor.patch). The fourth component is not the sources' but the oldest torch a wheel loads under (206,
+    209, 210: the classic and stable wheels of one release), so it is not compared."""
+    releases = [_opbridge_version(r)[:3] for r in reports if _opbridge_version(r)]
+    newest = max(releases, default=())
+    return {run_key(r) for r in reports if _opbridge_version(r) and _opbridge_version(r)[:3] < newest}
 
 
 def render(reports: list[dict]) -> tuple[str, int]:
