@@ -235,6 +235,7 @@ def test_ultralytics_heads_build_anchors_from_the_sizes_under_torch_export(monke
     assert patch.swapped == ["ultralytics.opbridge_test._AnchorCachingHead (anchors from the sizes under torch.export)"]
     got, want = _export_and_run_at_another_width(head)
     torch.testing.assert_close(got, want)
+    assert head.shape == (2, 3, 8)  # the eager cache as the export found it, nothing symbolic left in it
     # eager is the class's own forward, and a deep copy (Ultralytics' exporter makes one) runs its own layer
     x = torch.rand(1, 3, 5)
     torch.testing.assert_close(head(x), x + torch.arange(5.0) / 5)

@@ -191,10 +191,20 @@ def _forgetting_forward(cls: type):
 
     @functools.wraps(forward)
     def forgetting(self, *args, **kwargs):
-        if torch.compiler.is_exporting():
-            for name in _cached_sizes(cls):
-                setattr(self, name, None)
-        return forward(self, *args, **kwargs)
+        if not torch.compiler.is_exporting():
+            return forward(self, *args, **kwargs)
+        # The layer's plain attributes (the cache: size, anchors) as they were before the trace, restored after it:
+        # what the trace stores there is symbolic, and an eager call after the export must not meet it.
+        before = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        for name in _cached_sizes(cls):
+            setattr(self, name, None)
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            for name in [k for k in vars(self) if not k.startswith("_") and k not in before]:
+                delattr(self, name)
+            for name, value in before.items():
+                setattr(self, name, value)
 
     return forgetting
 
