@@ -9,6 +9,9 @@
 - under torch.autocast (CPU bfloat16 and float16) no op fails, each follows its declared rule, and an AMP training
   step of a Deformable-DETR encoder layer and of a DCN block matches the float32 step and lowers the loss;
 - torch.compile of an AMP training step.
+
+Each check runs on the CPU and, where torch sees a GPU and opbridge's CUDA library is loaded, on CUDA too (the same
+float64 references and tolerances: the CUDA kernels share the CPU kernels' arithmetic).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pytest
 import torch
 
 import opbridge
-from opbridge import _autocast
+from opbridge import _autocast, _extension
 from opbridge.ops import box_iou_rotated as box_iou_module
 from opbridge.ops import deform_conv2d as dcn_module
 from opbridge.ops import ms_deform_attn as msda_module
@@ -28,6 +31,16 @@ from opbridge.ops import roi_align_rotated as roi_module
 from opbridge.ops import rotated_feature_align as rfa_module
 
 HALF = [torch.float16, torch.bfloat16]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(
+            not (torch.cuda.is_available() and _extension.cuda_library is not None),
+            reason="needs an NVIDIA GPU, a CUDA build of torch and opbridge's CUDA library (tests/run_on_gpu.sh)",
+        ),
+    ),
+]
 # Unit roundoff: the largest relative error of one rounding to nearest.
 UNIT = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
@@ -40,6 +53,10 @@ def _to(values, dtype, keep=()):
             value = value.to(torch.float32 if i in keep else dtype)
         out.append(value)
     return out
+
+
+def _on(values, device):
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
 
 
 def _as_float64(values):
@@ -128,22 +145,26 @@ CASES = {
     [(name, False) for name in CASES] + [(name, True) for name, (_, precise) in CASES.items() if precise],
     ids=lambda v: {False: "all-half", True: "precise-inputs-float32"}.get(v, v) if isinstance(v, bool) else v,
 )
-def test_half_storage_rounds_the_float64_value_once(name, dtype, mixed):
+@pytest.mark.parametrize("device", DEVICES)
+def test_half_storage_rounds_the_float64_value_once(name, dtype, mixed, device):
     build, precise = CASES[name]
     op, inputs, reference = build(dtype, precise if mixed else ())
+    inputs = _on(inputs, device)
     out = op(*inputs)
-    assert_rounded_once(out, reference(*inputs), dtype)
+    # The references are plain torch math on the CPU (float64).
+    assert_rounded_once(out.cpu(), reference(*_on(inputs, "cpu")), dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-def test_box_iou_and_nms_rotated_take_half_boxes(dtype):
+def test_box_iou_and_nms_rotated_take_half_boxes(dtype, device):
     boxes1, boxes2 = box_iou_module._sample_inputs(torch.float64, "iou", 3)
-    boxes1, boxes2 = boxes1.to(dtype), boxes2.to(dtype)
+    boxes1, boxes2 = boxes1.to(device, dtype), boxes2.to(device, dtype)
     ious = opbridge.box_iou_rotated(boxes1, boxes2)
-    assert_rounded_once(ious, box_iou_module.reference(boxes1.double(), boxes2.double()), dtype)
+    assert_rounded_once(ious.cpu(), box_iou_module.reference(boxes1.cpu().double(), boxes2.cpu().double()), dtype)
     boxes, scores = nms_module._sample_inputs(torch.float64, "plain", 3)[:2]
     boxes, scores = boxes.to(dtype), scores.to(dtype)
-    _, kept = opbridge.nms_rotated(boxes, scores, 0.3)
+    _, kept = opbridge.nms_rotated(boxes.to(device), scores.to(device), 0.3)
     assert kept.tolist() == nms_module.reference(boxes.double(), scores.double())[1].tolist()
 
 
@@ -163,9 +184,11 @@ def test_precise_inputs_in_another_half_type_are_refused(name):
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("name", ["ms_deform_attn", "deform_conv2d", "roi_align_rotated", "rotated_feature_align"])
-def test_half_gradients_match_float64_autograd_of_the_reference(name, dtype):
+@pytest.mark.parametrize("device", DEVICES)
+def test_half_gradients_match_float64_autograd_of_the_reference(name, dtype, device):
     build, precise = CASES[name]
     op, inputs, reference = build(dtype, precise)  # mixed: half storage, float32 precise inputs
+    inputs = _on(inputs, device)
     # Only the inputs the op differentiates (rois and boxes get no gradient; the level table is integers).
     differentiable = {"ms_deform_attn": (0, 3, 4), "deform_conv2d": (0, 1, 2, 3, 4)}.get(name, (0,))
     leaves = [
@@ -174,13 +197,15 @@ def test_half_gradients_match_float64_autograd_of_the_reference(name, dtype):
     ]
     generator = torch.Generator().manual_seed(11)
     out = op(*leaves)
-    grad = torch.randn(out.shape, generator=generator, dtype=torch.float64).to(dtype)
+    grad = torch.randn(out.shape, generator=generator, dtype=torch.float64).to(device, dtype)
     got = torch.autograd.grad(out, [leaves[i] for i in differentiable], grad)
-    exact = [t.detach().double().requires_grad_(i in differentiable) if isinstance(t, torch.Tensor)
-             and t.is_floating_point() else t for i, t in enumerate(inputs)]  # fmt: skip
-    expected = torch.autograd.grad(reference(*exact), [exact[i] for i in differentiable], grad.double())
+    exact = [t.detach().cpu().double().requires_grad_(i in differentiable) if isinstance(t, torch.Tensor)
+             and t.is_floating_point() else t for i, t in enumerate(_on(inputs, "cpu"))]  # fmt: skip
+    expected = torch.autograd.grad(reference(*exact), [exact[i] for i in differentiable], grad.cpu().double())
     for i, g, e in zip(differentiable, got, expected, strict=True):
         assert g.dtype == inputs[i].dtype, f"gradient of input {i}: {g.dtype}, its input is {inputs[i].dtype}"
+        assert g.device == inputs[i].device, f"gradient of input {i} on {g.device}, its input on {inputs[i].device}"
+        g = g.cpu()
         # The location/offset gradients jump where a sample crosses a pixel border: compared with a tolerance of
         # the half type's rounding of the largest gradient, not element by element to one rounding.
         scale = e.abs().max().clamp_min(1e-3)
@@ -202,9 +227,10 @@ def _float32_inputs(name):
     return build, inputs
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", AUTOCAST_DTYPES, ids=str)
 @pytest.mark.parametrize("name", [*CASES, "box_iou_rotated", "nms_rotated"])
-def test_no_op_fails_under_cpu_autocast_and_each_follows_its_rule(name, dtype):
+def test_no_op_fails_under_autocast_and_each_follows_its_rule(name, dtype, device):
     if name == "box_iou_rotated":
         op, inputs = opbridge.box_iou_rotated, list(box_iou_module._sample_inputs(torch.float32, "iou", 2))
         inputs[1] = inputs[1].to(dtype)  # autocast's mixed dtypes
@@ -214,7 +240,8 @@ def test_no_op_fails_under_cpu_autocast_and_each_follows_its_rule(name, dtype):
     else:
         op, inputs, _ = CASES[name][0](torch.float32, ())
         inputs[0] = inputs[0].to(dtype)  # a projection's output under autocast
-    with torch.autocast("cpu", dtype=dtype):
+    inputs = _on(inputs, device)
+    with torch.autocast(device, dtype=dtype):
         out = op(*inputs)
     rule = getattr(opbridge.ops, name).AUTOCAST
     if name == "nms_rotated":
@@ -242,10 +269,11 @@ def test_autocast_rules_cast_as_declared():
         _autocast.Rule("half")
 
 
-def test_autocast_gradients_reach_inputs_in_their_own_dtype():
-    value, shapes, starts, locations, weights = msda_module.sample_inputs(torch.float32, 2)
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_gradients_reach_inputs_in_their_own_dtype(device):
+    value, shapes, starts, locations, weights = _on(msda_module.sample_inputs(torch.float32, 2), device)
     leaves = [t.requires_grad_() for t in (value, locations, weights)]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         out = opbridge.ms_deform_attn(leaves[0], shapes, starts, leaves[1], leaves[2])
     assert out.dtype == torch.bfloat16
     out.float().square().sum().backward()
@@ -298,13 +326,14 @@ def _dcn_batch():
     return (torch.randn(4, 3, 12, 12, generator=generator),), torch.randn(4, 4, generator=generator)
 
 
-def _train(model, batch, target, dtype, steps, compile=False):
+def _train(model, batch, target, dtype, steps, compile=False, device="cpu"):
     torch.manual_seed(0)
+    model, batch, target = model.to(device), _on(batch, device), target.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 
     def step():
         optimizer.zero_grad()
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             loss = torch.nn.functional.mse_loss(model(*batch).float(), target)
         loss.backward()
         return loss.detach()
@@ -319,16 +348,17 @@ def _train(model, batch, target, dtype, steps, compile=False):
     return losses, grads
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", AUTOCAST_DTYPES, ids=str)
 @pytest.mark.parametrize("kind", ["encoder", "dcn"])
-def test_amp_training_step_matches_float32_and_lowers_the_loss(kind, dtype):
+def test_amp_training_step_matches_float32_and_lowers_the_loss(kind, dtype, device):
     make, (batch, target) = {"encoder": (_EncoderLayer, _encoder_batch()), "dcn": (_DcnBlock, _dcn_batch())}[kind]
     torch.manual_seed(0)
     model = make()
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    reference_losses, reference_grads = _train(model, batch, target, None, 1)
+    reference_losses, reference_grads = _train(model, batch, target, None, 1, device=device)
     model.load_state_dict(state)
-    losses, grads = _train(model, batch, target, dtype, 6)
+    losses, grads = _train(model, batch, target, dtype, 6, device=device)
     # Stated tolerance (docs/api.md): the first step's loss within 1% and every parameter's gradient within 2%
     # (float16) or 15% (bfloat16: 8 significant bits in every autocast product, the convolutions' and linear
     # layers' too) of its largest element of the float32 step. Measured 2026-11-27: 0.08% / 7.7% at most.
@@ -343,14 +373,15 @@ def test_amp_training_step_matches_float32_and_lowers_the_loss(kind, dtype):
     assert losses[-1] < 0.9 * losses[0], losses
 
 
-def test_torch_compile_of_an_amp_training_step():
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_of_an_amp_training_step(device):
     batch, target = _encoder_batch()
     torch.manual_seed(0)
     model = _EncoderLayer()
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    eager, eager_grads = _train(model, batch, target, torch.bfloat16, 2)
+    eager, eager_grads = _train(model, batch, target, torch.bfloat16, 2, device=device)
     model.load_state_dict(state)
-    compiled, compiled_grads = _train(model, batch, target, torch.bfloat16, 2, compile=True)
+    compiled, compiled_grads = _train(model, batch, target, torch.bfloat16, 2, compile=True, device=device)
     assert math.isclose(compiled[0], eager[0], rel_tol=0.02), (compiled, eager)
     for name, grad in compiled_grads.items():
         scale = float(eager_grads[name].abs().max()) or 1.0
@@ -573,8 +604,9 @@ def _ort_run_all(model: bytes, feeds: dict):
     return opbridge_ort.InferenceSession(model, options).run(None, feeds)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["model.bfloat16()", "autocast"])
-def test_patch_model_serves_half_precision_layers_at_the_librarys_accuracy_or_better(mode, monkeypatch):
+def test_patch_model_serves_half_precision_layers_at_the_librarys_accuracy_or_better(mode, device, monkeypatch):
     """A transformers Deformable DETR in bfloat16 (or under CPU autocast): patch_model runs its attention on
     opbridge's op instead of handing it back, and the output is as close to the float32 model's as the library's
     own bfloat16 path is, or closer."""
@@ -593,10 +625,11 @@ def test_patch_model_serves_half_precision_layers_at_the_librarys_accuracy_or_be
     model = models._HuggingFaceWrapper(transformers.DeformableDetrModel(config()).eval(), extra)
     pixels = torch.rand(1, 3, 128, 128, generator=torch.Generator().manual_seed(3))
     models._unit_scale_convolutions(model, (pixels,))
+    model, pixels = model.to(device), pixels.to(device)
     with torch.no_grad():
         reference = model(pixels).double()
         if mode == "autocast":
-            context, inputs = torch.autocast("cpu", dtype=torch.bfloat16), pixels
+            context, inputs = torch.autocast(device, dtype=torch.bfloat16), pixels
         else:
             context, inputs = contextlib.nullcontext(), pixels.bfloat16()
             model = model.bfloat16()
@@ -637,9 +670,10 @@ def _opcheck_arguments(name, dtype, mixed):
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("mixed", [False, True], ids=["all-half", "precise-inputs-float32"])
 @pytest.mark.parametrize("name", list(_OPCHECK))
-def test_opcheck_with_half_inputs(name, mixed, dtype):
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_with_half_inputs(name, mixed, dtype, device):
     op, differentiable = _OPCHECK[name]
-    arguments = _opcheck_arguments(name, dtype, mixed)
+    arguments = _on(_opcheck_arguments(name, dtype, mixed), device)
     leaves = [a.detach().clone().requires_grad_(i in differentiable) if isinstance(a, torch.Tensor) else a
               for i, a in enumerate(arguments)]  # fmt: skip
     for inputs in (arguments, leaves):

@@ -474,6 +474,6 @@ def test_nms_rotated_node_on_the_cuda_ep(count, labelled, dtype):
     model = _model("NmsRotated", "opbridge", inputs, TensorProto.INT64, dict(iou_threshold=0.3, clockwise=1))
     feeds = {"boxes": boxes, "scores": scores, "labels": labels}
     expected = opbridge.nms_rotated(torch.from_numpy(boxes), torch.from_numpy(scores), 0.3,
-                                    None if labels is None else torch.from_numpy(labels)).numpy()  # fmt: skip
+                                    None if labels is None else torch.from_numpy(labels))[1].numpy()  # fmt: skip
     np.testing.assert_array_equal(_run(model, feeds, cuda=True), expected)
     np.testing.assert_array_equal(_run(model, feeds, cuda=False), expected)

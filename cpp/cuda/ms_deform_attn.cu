@@ -8,6 +8,9 @@
 #include <type_traits>
 #include <vector>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "cuda/common.cuh"
 #include "kernels/ms_deform_attn.cuh"
 #include "torch/ms_deform_attn.h"
@@ -140,17 +143,31 @@ Tensor ms_deform_attn_cuda(const Tensor& value, const Tensor& spatial_shapes, co
                            const Tensor& sampling_locations, const Tensor& attention_weights) {
   const auto in =
       ms_deform_attn_op::checked(value, spatial_shapes, level_start_index, sampling_locations, attention_weights);
-  if (api::is_half(value.scalar_type())) {  // half storage: float32 arithmetic, one rounding at the end
-    return api::to(ms_deform_attn_cuda(api::widened(value), spatial_shapes, level_start_index,
-                                       api::widened(sampling_locations), api::widened(attention_weights)),
-                   value.scalar_type());
-  }
   const auto& s = in.shape;
   auto out = api::empty_on({s.batch, s.queries, s.heads * s.channels}, value.scalar_type(), value);
   if (out.numel() == 0) return out;
   const MSDeformAttnTable table = table_of(in);
   const cuda::Context context(value);
   cudaError_t error = cudaSuccess;
+  if (api::is_half(value.scalar_type())) {
+    // Half storage: value read and out written in float16/bfloat16 vectors, float32 arithmetic and accumulation,
+    // one rounding at the end; the locations and weights in float32 (widened here when they came as half).
+    const Tensor locations = api::contiguous(api::widened(in.sampling_locations));
+    const Tensor weights = api::contiguous(api::widened(in.attention_weights));
+    auto launch = [&](auto tag) {
+      using S = decltype(tag);
+      error = kernels::cuda::ms_deform_attn_forward(static_cast<const S*>(in.value.const_data_ptr()),
+                                                    api::data<float>(locations), api::data<float>(weights),
+                                                    static_cast<S*>(out.mutable_data_ptr()), s, table, context.stream);
+    };
+    if (value.scalar_type() == api::ScalarType::Half) {
+      launch(__half{});
+    } else {
+      launch(__nv_bfloat16{});
+    }
+    cuda::check_launch("opbridge::ms_deform_attn", error);
+    return out;
+  }
   api::dispatch_floating(value.scalar_type(), "opbridge::ms_deform_attn", [&](auto tag) {
     using T = decltype(tag);
     error = kernels::cuda::ms_deform_attn_forward(api::data<T>(in.value), api::data<T>(in.sampling_locations),

@@ -69,15 +69,18 @@ OPBRIDGE_HD T unnormalize(T coordinate, int64_t size, bool align_corners) {
                        : ((coordinate + 1) * static_cast<T>(size) - 1) / 2;
 }
 
-// Reflects x into [low, high] (twice the bounds, as torch passes them), by whole periods.
+// Reflects x into [low, high] (twice the bounds, as torch passes them), by whole periods. The parity of the
+// period count is taken in floating point: converting floor(x / span) to an integer is undefined past int64 (a grid
+// value of 1e30), and x86 and CUDA answer differently (the smallest int64, even, against the largest, odd), so the
+// CPU and CUDA nodes would reflect such a point to opposite sides.
 template <class T>
 OPBRIDGE_HD T reflect(T x, int64_t twice_low, int64_t twice_high) {
   if (twice_low == twice_high) return 0;
   const T low = static_cast<T>(twice_low) / 2, span = static_cast<T>(twice_high - twice_low) / 2;
   x = std::fabs(x - low);
   const T extra = std::fmod(x, span);
-  const auto flips = static_cast<int64_t>(std::floor(x / span));
-  return flips % 2 == 0 ? extra + low : span - extra + low;
+  const T odd = std::fmod(std::floor(x / span), T(2));
+  return odd == 0 ? extra + low : span - extra + low;
 }
 
 template <class T>

@@ -182,17 +182,17 @@ __device__ inline MSDeformAttnSlot<T> ms_deform_attn_slot(const T* loc, const T*
 }
 
 // The slot's four corner vectors at channel c0 of a row's value (zeros for corners off the map), their loads issued
-// together before any use.
-template <class T, int kVec>
-__device__ inline void ms_deform_attn_corners(const T* __restrict__ value_nm, const MSDeformAttnSlot<T>& slot,
-                                              int64_t key_stride, int64_t c0, Vec<T, kVec> (&v)[4]) {
+// together before any use. S is value's storage type (T, or float16/bfloat16 beside float32 slots).
+template <class S, class T, int kVec>
+__device__ inline void ms_deform_attn_corners(const S* __restrict__ value_nm, const MSDeformAttnSlot<T>& slot,
+                                              int64_t key_stride, int64_t c0, Vec<S, kVec> (&v)[4]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     if (slot.key[k] >= 0) {
-      v[k] = *reinterpret_cast<const Vec<T, kVec>*>(value_nm + static_cast<int64_t>(slot.key[k]) * key_stride + c0);
+      v[k] = *reinterpret_cast<const Vec<S, kVec>*>(value_nm + static_cast<int64_t>(slot.key[k]) * key_stride + c0);
     } else {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) v[k].v[j] = T(0);
+      for (int j = 0; j < kVec; ++j) v[k].v[j] = S(0.0f);
     }
   }
 }
@@ -205,12 +205,14 @@ __device__ inline MSDeformAttnSlot<T> ms_deform_attn_empty_slot() {
   return slot;
 }
 
-template <class T, int kVec, class I>
+// S: value's and out's storage type; T: the arithmetic's, locations' and weights' (S == T, or S float16/bfloat16
+// and T float: half storage read and written in vectors, float32 arithmetic and accumulation, one rounding).
+template <class S, class T, int kVec, class I>
 __global__ void __launch_bounds__(kThreads)
-    ms_deform_attn_forward_kernel(const T* __restrict__ value, const T* __restrict__ locations,
-                                  const T* __restrict__ weights, T* __restrict__ out, MSDeformAttnShape s,
+    ms_deform_attn_forward_kernel(const S* __restrict__ value, const T* __restrict__ locations,
+                                  const T* __restrict__ weights, S* __restrict__ out, MSDeformAttnShape s,
                                   MSDeformAttnTable table, int lanes) {
-  using V = Vec<T, kVec>;
+  using V = Vec<S, kVec>;
   __shared__ MSDeformAttnLevelTile levels;
   __shared__ MSDeformAttnSlot<T> slots[kThreads];
   ms_deform_attn_load_levels(table, s, levels);
@@ -221,7 +223,7 @@ __global__ void __launch_bounds__(kThreads)
   OPBRIDGE_WARP_LOOP(t, rows * lanes) {
     const bool active = t < rows * lanes;
     const int64_t row = active ? t / lanes : 0, m = row % s.heads, n = row / (s.heads * s.queries);
-    const T* value_nm = value + (n * s.keys * s.heads + m) * d;
+    const S* value_nm = value + (n * s.keys * s.heads + m) * d;
     const T* loc = locations + row * lp * 2;
     const T* attn = weights + row * lp;
     for (int64_t c_base = 0; c_base < d; c_base += static_cast<int64_t>(lanes) * kVec) {
@@ -243,8 +245,8 @@ __global__ void __launch_bounds__(kThreads)
             ms_deform_attn_corners(value_nm, slot, key_stride, c0, v);
 #pragma unroll
             for (int j = 0; j < kVec; ++j) {
-              acc[j] += slot.weight[0] * v[0].v[j] + slot.weight[1] * v[1].v[j] + slot.weight[2] * v[2].v[j] +
-                        slot.weight[3] * v[3].v[j];
+              acc[j] += slot.weight[0] * static_cast<T>(v[0].v[j]) + slot.weight[1] * static_cast<T>(v[1].v[j]) +
+                        slot.weight[2] * static_cast<T>(v[2].v[j]) + slot.weight[3] * static_cast<T>(v[3].v[j]);
             }
           }
         }
@@ -253,7 +255,7 @@ __global__ void __launch_bounds__(kThreads)
       if (mine) {
         V result;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) result.v[j] = acc[j];
+        for (int j = 0; j < kVec; ++j) result.v[j] = S(acc[j]);
         *reinterpret_cast<V*>(out + row * d + c0) = result;
       }
     }
@@ -262,19 +264,20 @@ __global__ void __launch_bounds__(kThreads)
 
 // Launches the forward on `stream` (contiguous value [N, S, M, D], locations [N, Q, M, L, P, 2], weights
 // [N, Q, M, L, P], out [N, Q, M * D]; ms_deform_attn_unsupported(s) == nullptr); returns the launch's error
-// (cudaSuccess when it started).
-template <class T>
-cudaError_t ms_deform_attn_forward(const T* value, const T* locations, const T* weights, T* out,
+// (cudaSuccess when it started). value and out in storage type S (T, or __half/__nv_bfloat16 beside float T).
+template <class S, class T>
+cudaError_t ms_deform_attn_forward(const S* value, const T* locations, const T* weights, S* out,
                                    const MSDeformAttnShape& s, const MSDeformAttnTable& table, cudaStream_t stream) {
-  constexpr int kVec = 16 / sizeof(T);
-  const bool vectors = ms_deform_attn_vectors<T>(s, {value, out});
+  constexpr int kVec = 16 / sizeof(S);
+  const bool vectors = ms_deform_attn_vectors<S>(s, {value, out});
   const int lanes = ms_deform_attn_lanes(vectors ? s.channels / kVec : s.channels);
   const unsigned blocks = blocks_for(s.batch * s.queries * s.heads * lanes);
   const bool int32 = ms_deform_attn_int32_samples(s);
   auto kernel =
       vectors
-          ? (int32 ? ms_deform_attn_forward_kernel<T, kVec, int32_t> : ms_deform_attn_forward_kernel<T, kVec, int64_t>)
-          : (int32 ? ms_deform_attn_forward_kernel<T, 1, int32_t> : ms_deform_attn_forward_kernel<T, 1, int64_t>);
+          ? (int32 ? ms_deform_attn_forward_kernel<S, T, kVec, int32_t>
+                   : ms_deform_attn_forward_kernel<S, T, kVec, int64_t>)
+          : (int32 ? ms_deform_attn_forward_kernel<S, T, 1, int32_t> : ms_deform_attn_forward_kernel<S, T, 1, int64_t>);
   kernel<<<blocks, kThreads, 0, stream>>>(value, locations, weights, out, s, table, lanes);
   return cudaGetLastError();
 }

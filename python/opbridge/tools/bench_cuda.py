@@ -17,6 +17,9 @@ Where onnxruntime has the CUDA execution provider and opbridge_ort's CUDA librar
 (``ort_rows``): each opbridge node on the CUDA execution provider (inputs and output bound in GPU memory, so no
 copies are timed) against the same node on the CPU execution provider, and against torch's CUDA path on the same
 inputs (opbridge's CUDA op for MSDA, torchvision's for deform_conv2d); forward only (ORT runs inference).
+
+Then :mod:`opbridge.tools.bench_cuda_more`: decoder-sized calls and their host time, the half-precision kernels,
+the rotated ops, and the ORT CUDA nodes against ONNX Runtime's own CUDA kernels.
 """
 
 from __future__ import annotations
@@ -347,10 +350,16 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = copy_bandwidth(args.repeat)
     rows = msda_rows(args.repeat, bandwidth) + deform_rows(args.repeat)
     ort = ort_rows(args.repeat)
-    text = report(rows, bandwidth) + ort_report(ort) + ("" if args.no_profile else profile_report())
+    from . import bench_cuda_more
+
+    more_text, more = bench_cuda_more.report()
+    text = report(rows, bandwidth) + ort_report(ort) + "\n" + more_text
+    text += "" if args.no_profile else profile_report()
     print(text)
     if args.json:
-        args.json.write_text(json.dumps({"bandwidth_gbs": bandwidth, "rows": rows, "ort_rows": ort}, indent=1))
+        args.json.write_text(
+            json.dumps({"bandwidth_gbs": bandwidth, "rows": rows, "ort_rows": ort, "more": more}, indent=1)
+        )
     if args.markdown:
         args.markdown.write_text("# opbridge's CUDA ops on the GPU\n\n`python -m opbridge.tools.bench_cuda`\n\n"
                                  + text + "\n")  # fmt: skip
