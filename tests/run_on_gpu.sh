@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of opbridge's CUDA ops on a machine with an NVIDIA GPU, a CUDA build of torch (>= 2.10) with
 # torchvision, nvcc, and scikit-build-core + pybind11 (no network needed): builds opbridge there, runs
-# tests/test_cuda.py and the GPU benchmarks (python -m opbridge.tools.bench_cuda).
+# tests/test_cuda.py, the CUDA cases of tests/test_mixed_precision.py and the GPU benchmarks
+# (python -m opbridge.tools.bench_cuda).
 #
 # With onnxruntime-gpu importable and OPBRIDGE_ORT_LIBRARY pointing at a libopbridge_ort.so that has
 # libopbridge_ort_cuda.so beside it (`cmake -S . -B build/gpu-ort -DOPBRIDGE_BUILD_TORCH=OFF`, built anywhere nvcc
@@ -33,6 +34,9 @@ cd tests
 status=0
 "$python" -m pytest test_cuda.py test_ort_cuda.py -q -p no:cacheprovider -p no:benchmark -n 4 -rs --junitxml="$out/test_cuda.xml" 2>&1 \
   | tee "$out/test_cuda.log" | tail -40 || status=$?
+# The half-precision and autocast checks on CUDA (the same tests as on the CPU, their "cuda" cases).
+"$python" -m pytest test_mixed_precision.py -k cuda -q -p no:cacheprovider -p no:benchmark -n 4 -rs \
+  --junitxml="$out/test_mixed_precision.xml" 2>&1 | tee "$out/test_mixed_precision.log" | tail -20 || status=$?
 cd "$root"
 "$python" -m opbridge.tools.bench_cuda --json "$out/bench_cuda.json" --markdown "$out/bench_cuda.md"
 exit "$status"
