@@ -53,6 +53,44 @@ def test_size_aware_as_tensor_keeps_sizes_traced_under_the_torchscript_tracer():
     assert traced(torch.randn(1, 2, 30, 18)).tolist() == [[30, 18], [15, 9]]
 
 
+def test_size_aware_tensor_is_torchs_for_numbers():
+    shim = rewrites.SizeAwareTorch()
+    for data, kwargs in (([3, 4, 3, 4], dict(dtype=torch.float32)), ([3, 4], {}), ([1.5, 2], {}), ([[1, 2]], {}),
+                         (7, dict(dtype=torch.float64)), ([], {}), ([True, False], {})):  # fmt: skip
+        expected = torch.tensor(data, **kwargs)
+        found = shim.tensor(data, **kwargs)
+        assert found.dtype == expected.dtype and torch.equal(found, expected)
+    # Tensors in eager mode are numbers too: torch's own call (a copy of their values).
+    found = shim.tensor([torch.tensor(2.5), 3])
+    assert found.dtype == torch.tensor([2.5, 3]).dtype and found.tolist() == [2.5, 3.0]
+
+
+class _BoxNorm(torch.nn.Module):
+    """Boxes in pixels normalized by the map's size, as PP-DocLayout v3's mask_to_box_coordinate does."""
+
+    def forward(self, x):
+        height, width = x.shape[-2:]
+        boxes = x.flatten(1)[:, :4]
+        return boxes / rewrites.SizeAwareTorch().tensor([width, height, width, height], device=x.device, dtype=x.dtype)
+
+
+def test_size_aware_tensor_follows_the_size_under_both_exporters():
+    def expected(x):
+        return x.flatten(1)[:, :4] / torch.tensor([x.shape[3], x.shape[2], x.shape[3], x.shape[2]], dtype=x.dtype)
+
+    size = {2: torch.export.Dim("height", min=2, max=256), 3: torch.export.Dim("width", min=4, max=256)}
+    program = torch.export.export(_BoxNorm(), (torch.randn(1, 2, 12, 20),), dynamic_shapes=({**size},))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = torch.jit.trace(_BoxNorm(), (torch.randn(1, 2, 12, 20),))
+    # torch.tensor of the traced sizes would have warned that it turned them into Python numbers (constants).
+    assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)], [str(w.message) for w in caught]
+    for h, w in ((30, 18), (3, 5)):
+        x = torch.randn(1, 2, h, w)
+        assert torch.equal(program.module()(x), expected(x))
+        assert torch.equal(traced(x), expected(x))
+
+
 def test_size_aware_linspace_is_torchs_for_numbers():
     shim = rewrites.SizeAwareTorch()
     for start, end, steps, dtype in ((0.5, 6.5, 7, torch.float32), (0, 12, 13, torch.float64), (0.5, 0.5, 1, None),

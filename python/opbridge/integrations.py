@@ -26,7 +26,7 @@ back a :class:`Patch` that undoes it. What it serves:
 
 ``patch_model`` also applies the export-time rewrites of :mod:`opbridge.rewrites` to the same modules: the code that
 turns the image size into constants of the exported graph (``torch.linspace`` over a feature map's size, the level
-table built with ``torch.as_tensor``) computes the same values from the sizes instead.
+table built with ``torch.as_tensor``, a ``torch.tensor`` of sizes) computes the same values from the sizes instead.
 
 Every replacement hands the call back to the library's own code where opbridge's op cannot serve it (a CUDA
 tensor without opbridge's CUDA library, tensors on different devices, dtypes the op does not take together), so a

@@ -43,7 +43,7 @@ def _symbolic(size) -> bool:
 
 def _size_tensor(size, dtype: torch.dtype, device) -> torch.Tensor:
     if isinstance(size, torch.Tensor):
-        return size.to(dtype=dtype).reshape(())
+        return size.to(device=device, dtype=dtype).reshape(())
     return torch.full((), size, dtype=dtype, device=device)
 
 
@@ -65,7 +65,8 @@ class _ExportAwareJit(types.ModuleType):
 
 class SizeAwareTorch(types.ModuleType):
     """``torch``, except for sizes that are symbolic (torch.export) or traced (the TorchScript tracer's 0-d
-    tensors): ``as_tensor`` of a list of size tuples stacks them, and ``linspace`` with such a step count is
+    tensors): ``as_tensor`` of a list of size tuples and ``tensor`` of a flat list holding sizes stack them, and
+    ``linspace`` with such a step count is
     ``start + arange(steps) * (end - start) / (steps - 1)``, so the tensor follows the input's size instead of being
     a constant of the graph; ``jit.is_tracing()`` is true under torch.export too (the models' export branches). For
     numbers, outside an export, and everything else, it is torch's own (attribute lookups go to torch)."""
@@ -91,6 +92,27 @@ class SizeAwareTorch(types.ModuleType):
         return torch.as_tensor(data, dtype=dtype, device=device)
 
     @staticmethod
+    def tensor(data, *args, dtype=None, device=None, **kwargs):
+        # A flat list of numbers and sizes (PP-DocLayout v3's `torch.tensor([width, height, width, height])`): the
+        # TorchScript tracer would turn each traced size into a Python number, a constant of the graph.
+        if (
+            not args
+            and not kwargs
+            and isinstance(data, list | tuple)
+            and any(_symbolic(item) for item in data)
+            and all(isinstance(item, int | float | torch.SymInt | torch.Tensor) for item in data)
+            and all(not isinstance(item, torch.Tensor) or item.dim() == 0 for item in data)
+        ):
+            if dtype is None:  # torch.tensor's inference: floating if any item is, else int64
+                floating = any(
+                    isinstance(item, float) or (isinstance(item, torch.Tensor) and item.is_floating_point())
+                    for item in data
+                )
+                dtype = torch.get_default_dtype() if floating else torch.int64
+            return torch.stack([_size_tensor(item, dtype, device) for item in data])
+        return torch.tensor(data, *args, dtype=dtype, device=device, **kwargs)
+
+    @staticmethod
     def linspace(start, end, steps, *args, **kwargs):
         if args or not _symbolic(steps) or set(kwargs) - {"dtype", "device"}:
             return torch.linspace(start, end, steps, *args, **kwargs)
@@ -109,7 +131,11 @@ class SizeAwareTorch(types.ModuleType):
 #: :class:`SizeAwareTorch`: rfdetr builds its level table with ``torch.as_tensor(spatial_shapes_hw)`` under
 #: torch.export (a constant of the graph) and takes DINOv2's export branch under ``torch.jit.is_tracing()`` only.
 _SIZE_LINES = {
-    "transformers.": ("torch.as_tensor(spatial_shapes_list", "torch.linspace("),
+    "transformers.": (
+        "torch.as_tensor(spatial_shapes_list",
+        "torch.linspace(",
+        "torch.tensor([width, height, width, height]",  # PP-DocLayout v3's mask_to_box_coordinate
+    ),
     "rfdetr.": ("torch.as_tensor(spatial_shapes_hw", "torch.linspace(", "torch.jit.is_tracing()"),
 }
 
