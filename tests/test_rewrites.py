@@ -6,6 +6,7 @@ at another size and batch as in eager."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import types
 import warnings
@@ -140,6 +141,52 @@ def test_modules_whose_torch_is_not_torch_are_left_alone(monkeypatch):
     assert not patch and not isinstance(module.torch, rewrites.SizeAwareTorch)
 
 
+def test_size_aware_int_is_int_for_numbers_and_keeps_sizes_under_both_exporters(monkeypatch, tmp_path):
+    size_int = rewrites._size_aware_builtin_int
+    for args in ((3.7,), ("12",), ("ff", 16), (True,), (-2.5,), ()):
+        assert size_int(*args) == int(*args) and type(size_int(*args)) is int
+    assert size_int(torch.tensor(5)) == 5 and type(size_int(torch.tensor(5))) is int  # eager: a number
+
+    # A module that builds a grid from int() of its sizes, as OmDet-Turbo's position embedding does; apply() gives
+    # it the size-aware int (its source has the line), restore() takes it back.
+    source = tmp_path / "modeling_opbridge_int_test.py"
+    source.write_text(
+        "import torch\n\n"
+        "def grid(x):\n"
+        "    height, width = x.shape[-2:]\n"
+        "    rows = torch.arange(int(height), dtype=x.dtype)\n"
+        "    return torch.arange(int(width), dtype=x.dtype)[None, :] + rows[:, None]\n"
+    )
+    spec = importlib.util.spec_from_file_location(
+        "transformers.models.opbridge_test.modeling_opbridge_int_test", source
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    patch = Patch()
+    rewrites.apply({module.__name__}, patch)
+    assert vars(module)["int"] is size_int, patch.swapped
+
+    class Grid(torch.nn.Module):
+        def forward(self, x):
+            return module.grid(x) * 1
+
+    def expected(x):
+        return torch.arange(x.shape[3], dtype=x.dtype)[None, :] + torch.arange(x.shape[2], dtype=x.dtype)[:, None]
+
+    size = {2: torch.export.Dim("height", min=2, max=64), 3: torch.export.Dim("width", min=2, max=64)}
+    program = torch.export.export(Grid(), (torch.randn(1, 1, 6, 9),), dynamic_shapes=({**size},))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(Grid(), (torch.randn(1, 1, 6, 9),))
+    for h, w in ((7, 4), (12, 30)):
+        x = torch.randn(1, 1, h, w)
+        assert torch.equal(program.module()(x), expected(x))
+        assert torch.equal(traced(x), expected(x))
+    patch.restore()
+    assert "int" not in vars(module)
+
+
 def _tiny(name: str = "transformers.DeformableDetrModel"):
     from opbridge.tools.models import CASES
 
@@ -169,7 +216,7 @@ def test_patch_model_rewrites_deformable_detr_and_restore_undoes_it():
     with opbridge.patch_model(model) as patch:
         assert isinstance(module.torch, rewrites.SizeAwareTorch)
         # Rewritten once: a module a patch already rewrote is left to that patch.
-        assert (f"{module.__name__}.torch (as_tensor, linspace)" in patch.swapped) == (before is torch), patch.swapped
+        assert (f"{module.__name__}.torch (as_tensor, tensor, linspace)" in patch.swapped) == (before is torch), patch.swapped
     assert module.torch is before
 
 

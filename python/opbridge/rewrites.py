@@ -93,6 +93,15 @@ class SizeAwareTorch(types.ModuleType):
 
     @staticmethod
     def tensor(data, *args, dtype=None, device=None, **kwargs):
+        # A list of size tuples (OmDet-Turbo's level table) is as_tensor's case.
+        if (
+            not args
+            and not kwargs
+            and isinstance(data, list | tuple)
+            and data
+            and all(isinstance(row, list | tuple) for row in data)
+        ):
+            return SizeAwareTorch.as_tensor(data, dtype=dtype, device=device)
         # A flat list of numbers and sizes (PP-DocLayout v3's `torch.tensor([width, height, width, height])`): the
         # TorchScript tracer would turn each traced size into a Python number, a constant of the graph.
         if (
@@ -134,7 +143,8 @@ _SIZE_LINES = {
     "transformers.": (
         "torch.as_tensor(spatial_shapes_list",
         "torch.linspace(",
-        "torch.tensor([width, height, width, height]",  # PP-DocLayout v3's mask_to_box_coordinate
+        "torch.tensor([width, height",  # PP-DocLayout v3's mask_to_box_coordinate, OmDet-Turbo's anchors
+        "torch.tensor(new_vision_shapes_list",  # OmDet-Turbo's level table
     ),
     "rfdetr.": ("torch.as_tensor(spatial_shapes_hw", "torch.linspace(", "torch.jit.is_tracing()"),
 }
@@ -159,6 +169,19 @@ def _size_aware_int(original):
     return torch_int
 
 
+#: Modules whose ``int()`` of a size builds a tensor (OmDet-Turbo's sine-cosine position embedding,
+#: ``torch.arange(int(width))``): their global ``int`` hands a symbolic or traced size on, as ``torch_int`` does.
+_INT_LINES = {"transformers.": ("torch.arange(int(width)",)}
+
+
+def _size_aware_builtin_int(value=0, *args):
+    """``int``, except that a symbolic (torch.export) or traced (TorchScript tracer) size stays one: ``int()`` of it
+    would freeze the exported size."""
+    if not args and _symbolic(value) and (not isinstance(value, torch.Tensor) or value.dim() == 0):
+        return value
+    return int(value, *args)
+
+
 def _library_torch_int():
     generic = sys.modules.get("transformers.utils.generic")
     return getattr(generic, "torch_int", None)
@@ -176,7 +199,12 @@ def apply(module_names, patch) -> None:
             continue
         source = _source(module) or ""
         if getattr(module, "torch", None) is torch and any(line in source for line in lines):
-            _swap(patch, module, "torch", SizeAwareTorch(), f"{name}.torch (as_tensor, linspace)")
+            _swap(patch, module, "torch", SizeAwareTorch(), f"{name}.torch (as_tensor, tensor, linspace)")
+        int_lines = next((lines for prefix, lines in _INT_LINES.items() if name.startswith(prefix)), ())
+        if "int" not in vars(module) and any(line in source for line in int_lines):
+            module.int = _size_aware_builtin_int
+            patch._undo.append(functools.partial(vars(module).pop, "int", None))
+            patch.swapped.append(f"{name}.int (sizes stay symbolic)")
         library_int = _library_torch_int()
         if library_int is not None and getattr(module, "torch_int", None) is library_int:
             _swap(patch, module, "torch_int", _size_aware_int(library_int), f"{name}.torch_int")
