@@ -216,7 +216,8 @@ def test_patch_model_rewrites_deformable_detr_and_restore_undoes_it():
     with opbridge.patch_model(model) as patch:
         assert isinstance(module.torch, rewrites.SizeAwareTorch)
         # Rewritten once: a module a patch already rewrote is left to that patch.
-        assert (f"{module.__name__}.torch (as_tensor, tensor, linspace)" in patch.swapped) == (before is torch), patch.swapped
+        label = f"{module.__name__}.torch (as_tensor, tensor, linspace)"
+        assert (label in patch.swapped) == (before is torch), patch.swapped
     assert module.torch is before
 
 
