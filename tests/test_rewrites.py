@@ -147,6 +147,13 @@ def test_size_aware_int_is_int_for_numbers_and_keeps_sizes_under_both_exporters(
         assert size_int(*args) == int(*args) and type(size_int(*args)) is int
     assert size_int(torch.tensor(5)) == 5 and type(size_int(torch.tensor(5))) is int  # eager: a number
 
+    def truncated(x):  # int() of a traced float is not a size: it still truncates (a constant, as without opbridge)
+        return torch.full((), size_int(x.sum() * 0 + 2.7))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.jit.trace(truncated, (torch.ones(2),))(torch.ones(3)).item() == 2
+
     # A module that builds a grid from int() of its sizes, as OmDet-Turbo's position embedding does; apply() gives
     # it the size-aware int (its source has the line), restore() takes it back.
     source = tmp_path / "modeling_opbridge_int_test.py"

@@ -176,8 +176,12 @@ _INT_LINES = {"transformers.": ("torch.arange(int(width)",)}
 
 def _size_aware_builtin_int(value=0, *args):
     """``int``, except that a symbolic (torch.export) or traced (TorchScript tracer) size stays one: ``int()`` of it
-    would freeze the exported size."""
-    if not args and _symbolic(value) and (not isinstance(value, torch.Tensor) or value.dim() == 0):
+    would freeze the exported size. Only integer sizes pass: ``int()`` of a traced float truncates, as before."""
+    if (
+        not args
+        and _symbolic(value)
+        and (not isinstance(value, torch.Tensor) or (value.dim() == 0 and not value.is_floating_point()))
+    ):
         return value
     return int(value, *args)
 
