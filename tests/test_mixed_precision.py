@@ -155,6 +155,29 @@ def test_half_storage_rounds_the_float64_value_once(name, dtype, mixed, device):
     assert_rounded_once(out.cpu(), reference(*_on(inputs, "cpu")), dtype)
 
 
+@pytest.mark.parametrize(
+    ("queries", "levels", "channels"),
+    [
+        (7, [(40, 50), (20, 25)], 32),  # a decoder: few queries on large maps (query-major, value read as stored)
+        (2500, [(40, 50), (20, 25)], 32),  # an encoder: every pixel queries (head-major, value widened in its copy)
+        (3000, [(40, 50), (20, 25)], 33),  # channels past whole 16-channel chunks
+        (9, [(30, 30)], 8),  # channels below one chunk
+    ],
+    ids=["decoder", "encoder", "channels-33", "channels-8"],
+)
+@pytest.mark.parametrize("precise", ["float32", "bfloat16"])
+def test_ms_deform_attn_bfloat16_value_gives_the_float32_bits_on_the_widened_values(queries, levels, channels, precise):
+    """The CPU op reads bfloat16 value without widening it first; the result must be bit for bit the float32 op on
+    the same values widened, rounded once (non-contiguous value too)."""
+    value, shapes, starts, loc, attn = msda_module.sample_inputs(torch.float32, 2, levels, queries, 4, channels, 4)
+    value = value.bfloat16().transpose(0, 1).contiguous().transpose(0, 1)  # non-contiguous
+    loc, attn = (t.to(getattr(torch, precise)) for t in (loc, attn))
+    got = opbridge.ms_deform_attn(value, shapes, starts, loc, attn)
+    want = opbridge.ms_deform_attn(value.float(), shapes, starts, loc.float(), attn.float()).bfloat16()
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_box_iou_and_nms_rotated_take_half_boxes(dtype, device):

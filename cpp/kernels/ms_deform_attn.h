@@ -34,6 +34,7 @@
 #include "kernels/broadcast.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/device.h"
+#include "kernels/float16.h"
 #include "kernels/scratch.h"
 
 namespace opbridge::kernels {
@@ -229,6 +230,12 @@ OPBRIDGE_MSDA_VECTOR(double, 4)
 OPBRIDGE_MSDA_VECTOR(int32_t, 4)
 OPBRIDGE_MSDA_VECTOR(int64_t, 4)
 OPBRIDGE_MSDA_VECTOR(double, 2)
+OPBRIDGE_MSDA_VECTOR(uint16_t, 16)
+OPBRIDGE_MSDA_VECTOR(uint32_t, 16)
+OPBRIDGE_MSDA_VECTOR(uint16_t, 8)
+OPBRIDGE_MSDA_VECTOR(uint32_t, 8)
+OPBRIDGE_MSDA_VECTOR(uint16_t, 4)
+OPBRIDGE_MSDA_VECTOR(uint32_t, 4)
 #undef OPBRIDGE_MSDA_VECTOR
 
 // The register width of the instruction set this is compiled for.
@@ -338,6 +345,47 @@ template <bool kWide, class C, class T>
 #if defined(__SSE2__) && !defined(__CUDACC__)
   _mm_sfence();
 #endif
+}
+
+// value's storage S: T itself, or bfloat16 (the top half of a float32) read into float arithmetic. bfloat16 rows are
+// read kPairChunk channels at a time as kPairChunk / 2 32-bit words: a word's low half is an even channel and its
+// high half the odd one after it, so one shift and one mask give the even and the odd channels as floats, exactly
+// (no conversion per channel). The accumulator then holds each chunk as [even channels, odd channels], put back in
+// channel order once per row (interleave_pairs).
+constexpr int kPairChunk = 16;
+using PairFloats = VectorOf<float, kPairChunk / 2>::type;
+using PairWords = VectorOf<uint32_t, kPairChunk / 2>::type;
+[[gnu::always_inline]] inline PairFloats even_channels(const PairWords& words) {
+  const PairWords bits = words << 16;
+  PairFloats out;
+  __builtin_memcpy(&out, &bits, sizeof out);
+  return out;
+}
+[[gnu::always_inline]] inline PairFloats odd_channels(const PairWords& words) {
+  const PairWords bits = words & 0xffff0000u;
+  PairFloats out;
+  __builtin_memcpy(&out, &bits, sizeof out);
+  return out;
+}
+template <class T, class S>
+[[gnu::always_inline]] inline T value_at(const S* p) {
+  if constexpr (std::is_same_v<S, T>) {
+    return *p;
+  } else {
+    const uint32_t wide = static_cast<uint32_t>(p->bits) << 16;
+    float out;
+    __builtin_memcpy(&out, &wide, sizeof out);
+    return out;
+  }
+}
+// acc's whole kPairChunk chunks from [even channels, odd channels] back to channel order.
+[[gnu::always_inline]] inline void interleave_pairs(float* acc, int64_t d) {
+  constexpr int kHalf = kPairChunk / 2;
+  for (int64_t k = 0; k + kPairChunk <= d; k += kPairChunk) {
+    float pairs[kPairChunk];
+    for (int j = 0; j < kHalf; ++j) pairs[2 * j] = acc[k + j], pairs[2 * j + 1] = acc[k + kHalf + j];
+    for (int j = 0; j < kPairChunk; ++j) acc[k + j] = pairs[j];
+  }
 }
 
 }  // namespace msda_detail
@@ -467,21 +515,39 @@ inline int64_t ms_deform_attn_block_queries(const MSDeformAttnShape& s) {
 }
 
 // out[k] (+)= w0 r0[k] + w1 r1[k] + w2 r2[k] + w3 r3[k] for k < d (D > 0: d = D at compile time), in 64-byte
-// chunks, then one channel at a time for the rest.
-template <class T, int D, bool kAdd>
-[[gnu::always_inline]] inline void ms_deform_attn_blend(T* __restrict out, const T* __restrict r0,
-                                                        const T* __restrict r1, const T* __restrict r2,
-                                                        const T* __restrict r3, T w0, T w1, T w2, T w3, int64_t d) {
+// chunks, then one channel at a time for the rest. The rows are value's storage S: T, or bfloat16 (float T) in
+// kPairChunk chunks whose sums out holds as [even channels, odd channels] (msda_detail::interleave_pairs): each
+// channel's sum has the operations of the float rows', in the same order.
+template <class T, int D, bool kAdd, class S>
+[[gnu::always_inline]] inline void ms_deform_attn_blend(T* __restrict out, const S* __restrict r0,
+                                                        const S* __restrict r1, const S* __restrict r2,
+                                                        const S* __restrict r3, T w0, T w1, T w2, T w3, int64_t d) {
   using namespace msda_detail;
-  using C = typename VectorOf<T, kChunk<T>>::type;
   const int64_t n = D > 0 ? D : d;
   int64_t k = 0;
-  for (; k + kChunk<T> <= n; k += kChunk<T>) {
-    const C sum = w0 * load<C>(r0 + k) + w1 * load<C>(r1 + k) + w2 * load<C>(r2 + k) + w3 * load<C>(r3 + k);
-    store(out + k, kAdd ? load<C>(out + k) + sum : sum);
+  if constexpr (std::is_same_v<S, T>) {
+    using C = typename VectorOf<T, kChunk<T>>::type;
+    for (; k + kChunk<T> <= n; k += kChunk<T>) {
+      const C sum = w0 * load<C>(r0 + k) + w1 * load<C>(r1 + k) + w2 * load<C>(r2 + k) + w3 * load<C>(r3 + k);
+      store(out + k, kAdd ? load<C>(out + k) + sum : sum);
+    }
+  } else {
+    static_assert(std::is_same_v<S, BFloat16> && std::is_same_v<T, float>, "half storage: bfloat16 into float");
+    constexpr int kHalf = kPairChunk / 2;
+    for (; k + kPairChunk <= n; k += kPairChunk) {
+      const PairWords v0 = load<PairWords>(r0 + k), v1 = load<PairWords>(r1 + k);
+      const PairWords v2 = load<PairWords>(r2 + k), v3 = load<PairWords>(r3 + k);
+      const PairFloats even =
+          w0 * even_channels(v0) + w1 * even_channels(v1) + w2 * even_channels(v2) + w3 * even_channels(v3);
+      const PairFloats odd =
+          w0 * odd_channels(v0) + w1 * odd_channels(v1) + w2 * odd_channels(v2) + w3 * odd_channels(v3);
+      store(out + k, kAdd ? load<PairFloats>(out + k) + even : even);
+      store(out + k + kHalf, kAdd ? load<PairFloats>(out + k + kHalf) + odd : odd);
+    }
   }
   for (; k < n; ++k) {
-    const T sum = w0 * r0[k] + w1 * r1[k] + w2 * r2[k] + w3 * r3[k];
+    const T sum =
+        w0 * value_at<T>(r0 + k) + w1 * value_at<T>(r1 + k) + w2 * value_at<T>(r2 + k) + w3 * value_at<T>(r3 + k);
     out[k] = kAdd ? out[k] + sum : sum;
   }
 }
@@ -492,12 +558,13 @@ template <class T, int D, bool kAdd>
 //   head-major (kHeadMajor true): a row is one query of head `head`; value_n is that head's rows [S + 1, D], row S
 //     zeros (corners off the map read it), loc_n and attn_n that head's inputs [Lq, L * P (, 2)]
 //     (ms_deform_attn_transpose_value, ms_deform_attn_transpose_queries).
-// Either way out_n is [Lq, M, D] and every (query, head) sums its samples in the same order: the same bits.
-template <class T, class I, int D, bool kHeadMajor>
-[[gnu::always_inline]] inline void ms_deform_attn_forward_block(const T* value_n, const T* loc_n, const T* attn_n,
+// Either way out_n is [Lq, M, D] and every (query, head) sums its samples in the same order: the same bits. value_n
+// and zeros are value's storage S (T, or bfloat16 read into float arithmetic: the same bits as value widened first).
+template <class T, class I, int D, bool kHeadMajor, class S>
+[[gnu::always_inline]] inline void ms_deform_attn_forward_block(const S* value_n, const T* loc_n, const T* attn_n,
                                                                 T* out_n, const MSDeformAttnShape& s, int64_t head,
                                                                 int64_t first, int64_t last,
-                                                                MSDeformAttnTaps<T, I>* taps_pair, const T* zeros,
+                                                                MSDeformAttnTaps<T, I>* taps_pair, const S* zeros,
                                                                 bool stream_out) {
   const int64_t d = D > 0 ? D : s.channels, m_count = s.heads, lp = taps_pair[0].count;
   alignas(64) T local[D > 0 ? D : 1];  // the accumulator, in registers when D is known
@@ -532,10 +599,10 @@ template <class T, class I, int D, bool kHeadMajor>
     // weights the compiler broadcasts straight from memory).
     auto blend = [&](int64_t i, auto add) __attribute__((always_inline)) {
       const int64_t k0 = row0[i], k1 = row1[i], k2 = row2[i], k3 = row3[i];
-      const T* r0 = kHeadMajor || k0 >= 0 ? value_n + k0 : zeros;
-      const T* r1 = kHeadMajor || k1 >= 0 ? value_n + k1 : zeros;
-      const T* r2 = kHeadMajor || k2 >= 0 ? value_n + k2 : zeros;
-      const T* r3 = kHeadMajor || k3 >= 0 ? value_n + k3 : zeros;
+      const S* r0 = kHeadMajor || k0 >= 0 ? value_n + k0 : zeros;
+      const S* r1 = kHeadMajor || k1 >= 0 ? value_n + k1 : zeros;
+      const S* r2 = kHeadMajor || k2 >= 0 ? value_n + k2 : zeros;
+      const S* r3 = kHeadMajor || k3 >= 0 ? value_n + k3 : zeros;
       ms_deform_attn_blend<T, D, decltype(add)::value>(acc, r0, r1, r2, r3, taps.weight[0][i], taps.weight[1][i],
                                                        taps.weight[2][i], taps.weight[3][i], d);
     };
@@ -544,6 +611,7 @@ template <class T, class I, int D, bool kHeadMajor>
     if (lp == 0) {
       for (int64_t k = 0; k < d; ++k) acc[k] = T(0);
     }
+    if constexpr (!std::is_same_v<S, T>) msda_detail::interleave_pairs(acc, d);
     if (D > 0 && stream) {
       using C = typename msda_detail::VectorOf<T, msda_detail::kChunk<T>>::type;
       for (int64_t k = 0; k < d; k += msda_detail::kChunk<T>) {
@@ -557,20 +625,20 @@ template <class T, class I, int D, bool kHeadMajor>
   if (stream) msda_detail::fence_streaming();
 }
 
-template <class T, class I, int D>
-[[gnu::always_inline]] inline void ms_deform_attn_forward_query_major(const T* value_n, const T* loc_n, const T* attn_n,
+template <class T, class I, int D, class S>
+[[gnu::always_inline]] inline void ms_deform_attn_forward_query_major(const S* value_n, const T* loc_n, const T* attn_n,
                                                                       T* out_n, const MSDeformAttnShape& s,
                                                                       int64_t head, int64_t first, int64_t last,
-                                                                      MSDeformAttnTaps<T, I>* taps, const T* zeros,
+                                                                      MSDeformAttnTaps<T, I>* taps, const S* zeros,
                                                                       bool stream_out) {
   ms_deform_attn_forward_block<T, I, D, false>(value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros,
                                                stream_out);
 }
-template <class T, class I, int D>
-[[gnu::always_inline]] inline void ms_deform_attn_forward_head_major(const T* value_n, const T* loc_n, const T* attn_n,
+template <class T, class I, int D, class S>
+[[gnu::always_inline]] inline void ms_deform_attn_forward_head_major(const S* value_n, const T* loc_n, const T* attn_n,
                                                                      T* out_n, const MSDeformAttnShape& s, int64_t head,
                                                                      int64_t first, int64_t last,
-                                                                     MSDeformAttnTaps<T, I>* taps, const T* zeros,
+                                                                     MSDeformAttnTaps<T, I>* taps, const S* zeros,
                                                                      bool stream_out) {
   ms_deform_attn_forward_block<T, I, D, true>(value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros,
                                               stream_out);
@@ -682,9 +750,9 @@ template <class T, class I, int D>
 //   OPBRIDGE_ISA_DISPATCH  declared in those namespaces, and called through cpu_isa's choice (kernels/cpu_isa.h);
 //   neither                defined here for this file's own target (the kernel tests build them with -mavx2,
 //                          -mavx512f and nothing, so every instruction set's arithmetic is tested).
-#define OPBRIDGE_MSDA_FORWARD_PARAMS(T, I)                                                               \
-  const T *value_n, const T *loc_n, const T *attn_n, T *out_n, const MSDeformAttnShape &s, int64_t head, \
-      int64_t first, int64_t last, MSDeformAttnTaps<T, I>*taps, const T *zeros, bool stream_out
+#define OPBRIDGE_MSDA_FORWARD_PARAMS(T, I, S)                                                            \
+  const S *value_n, const T *loc_n, const T *attn_n, T *out_n, const MSDeformAttnShape &s, int64_t head, \
+      int64_t first, int64_t last, MSDeformAttnTaps<T, I>*taps, const S *zeros, bool stream_out
 #define OPBRIDGE_MSDA_FORWARD_ARGS value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros, stream_out
 #define OPBRIDGE_MSDA_BACKWARD_PARAMS(T, I)                                                                         \
   const T *grad_out_n, const T *value_n, const T *loc_n, const T *attn_n, const MSDeformAttnShape &s, int64_t head, \
@@ -692,6 +760,8 @@ template <class T, class I, int D>
 #define OPBRIDGE_MSDA_BACKWARD_ARGS \
   grad_out_n, value_n, loc_n, attn_n, s, head, grad_value_n, grad_loc_n, grad_attn_n, taps, zeros, scratch, dots
 #define OPBRIDGE_MSDA_FOR_TYPES(X) X(float, int32_t) X(float, int64_t) X(double, int32_t) X(double, int64_t)
+// The forward also reads bfloat16 value storage into float arithmetic.
+#define OPBRIDGE_MSDA_FOR_HALF_TYPES(X) X(float, int32_t, BFloat16) X(float, int64_t, BFloat16)
 
 #if defined(OPBRIDGE_ISA_NAMESPACE) || !defined(OPBRIDGE_ISA_DISPATCH)
 #if defined(OPBRIDGE_ISA_NAMESPACE)
@@ -713,18 +783,23 @@ namespace OPBRIDGE_ISA_NAMESPACE {
       return body<T, I, 0>(__VA_ARGS__);                     \
   }
 
-#define OPBRIDGE_DEFINE_MSDA_TASKS(T, I)                                                                         \
-  OPBRIDGE_MSDA_LINKAGE void ms_deform_attn_forward_task(OPBRIDGE_MSDA_FORWARD_PARAMS(T, I)) {                   \
+// The forward's storage S is deduced from value_n.
+#define OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I, S)                                                               \
+  OPBRIDGE_MSDA_LINKAGE void ms_deform_attn_forward_task(OPBRIDGE_MSDA_FORWARD_PARAMS(T, I, S)) {                \
     if (head >= 0) {                                                                                             \
       OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_head_major, T, I, OPBRIDGE_MSDA_FORWARD_ARGS) \
     }                                                                                                            \
     OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_query_major, T, I, OPBRIDGE_MSDA_FORWARD_ARGS)  \
-  }                                                                                                              \
-  OPBRIDGE_MSDA_LINKAGE void ms_deform_attn_backward_task(OPBRIDGE_MSDA_BACKWARD_PARAMS(T, I)) {                 \
-    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_backward_head, T, I, OPBRIDGE_MSDA_BACKWARD_ARGS)       \
+  }
+#define OPBRIDGE_DEFINE_MSDA_TASKS(T, I)                                                                   \
+  OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I, T)                                                               \
+  OPBRIDGE_MSDA_LINKAGE void ms_deform_attn_backward_task(OPBRIDGE_MSDA_BACKWARD_PARAMS(T, I)) {           \
+    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_backward_head, T, I, OPBRIDGE_MSDA_BACKWARD_ARGS) \
   }
 OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DEFINE_MSDA_TASKS)
+OPBRIDGE_MSDA_FOR_HALF_TYPES(OPBRIDGE_DEFINE_MSDA_FORWARD_TASK)
 #undef OPBRIDGE_DEFINE_MSDA_TASKS
+#undef OPBRIDGE_DEFINE_MSDA_FORWARD_TASK
 #undef OPBRIDGE_MSDA_BY_CHANNELS
 #undef OPBRIDGE_MSDA_LINKAGE
 #if defined(OPBRIDGE_ISA_NAMESPACE)
@@ -733,39 +808,51 @@ OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DEFINE_MSDA_TASKS)
 #endif
 
 #if defined(OPBRIDGE_ISA_DISPATCH)
-#define OPBRIDGE_DECLARE_MSDA_TASKS(T, I)                               \
-  void ms_deform_attn_forward_task(OPBRIDGE_MSDA_FORWARD_PARAMS(T, I)); \
+#define OPBRIDGE_DECLARE_MSDA_FORWARD_TASK(T, I, S) \
+  void ms_deform_attn_forward_task(OPBRIDGE_MSDA_FORWARD_PARAMS(T, I, S));
+#define OPBRIDGE_DECLARE_MSDA_TASKS(T, I)     \
+  OPBRIDGE_DECLARE_MSDA_FORWARD_TASK(T, I, T) \
   void ms_deform_attn_backward_task(OPBRIDGE_MSDA_BACKWARD_PARAMS(T, I));
+#define OPBRIDGE_DECLARE_MSDA_ALL                      \
+  OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DECLARE_MSDA_TASKS) \
+  OPBRIDGE_MSDA_FOR_HALF_TYPES(OPBRIDGE_DECLARE_MSDA_FORWARD_TASK)
 namespace isa_avx512f {
-OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DECLARE_MSDA_TASKS)
+OPBRIDGE_DECLARE_MSDA_ALL
 }
 namespace isa_avx2 {
-OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DECLARE_MSDA_TASKS)
+OPBRIDGE_DECLARE_MSDA_ALL
 }
 namespace isa_baseline {
-OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DECLARE_MSDA_TASKS)
+OPBRIDGE_DECLARE_MSDA_ALL
 }
+#undef OPBRIDGE_DECLARE_MSDA_ALL
 #undef OPBRIDGE_DECLARE_MSDA_TASKS
-#define OPBRIDGE_DISPATCH_MSDA_TASK(name, PARAMS, ARGS, T, I) \
-  inline void name(PARAMS(T, I)) {                            \
-    switch (cpu_isa()) {                                      \
-      case CpuIsa::avx512f:                                   \
-        return isa_avx512f::name(ARGS);                       \
-      case CpuIsa::avx2:                                      \
-        return isa_avx2::name(ARGS);                          \
-      default:                                                \
-        return isa_baseline::name(ARGS);                      \
-    }                                                         \
+#undef OPBRIDGE_DECLARE_MSDA_FORWARD_TASK
+#define OPBRIDGE_DISPATCH_MSDA_TASK(name, PARAMS, ARGS, ...) \
+  inline void name(PARAMS(__VA_ARGS__)) {                    \
+    switch (cpu_isa()) {                                     \
+      case CpuIsa::avx512f:                                  \
+        return isa_avx512f::name(ARGS);                      \
+      case CpuIsa::avx2:                                     \
+        return isa_avx2::name(ARGS);                         \
+      default:                                               \
+        return isa_baseline::name(ARGS);                     \
+    }                                                        \
   }
-#define OPBRIDGE_DISPATCH_MSDA_TASKS(T, I)                                                                           \
+#define OPBRIDGE_DISPATCH_MSDA_FORWARD_TASK(T, I, S)                                                                 \
   OPBRIDGE_DISPATCH_MSDA_TASK(ms_deform_attn_forward_task, OPBRIDGE_MSDA_FORWARD_PARAMS, OPBRIDGE_MSDA_FORWARD_ARGS, \
-                              T, I)                                                                                  \
-  OPBRIDGE_DISPATCH_MSDA_TASK(ms_deform_attn_backward_task, OPBRIDGE_MSDA_BACKWARD_PARAMS,                           \
+                              T, I, S)
+#define OPBRIDGE_DISPATCH_MSDA_TASKS(T, I)                                                 \
+  OPBRIDGE_DISPATCH_MSDA_FORWARD_TASK(T, I, T)                                             \
+  OPBRIDGE_DISPATCH_MSDA_TASK(ms_deform_attn_backward_task, OPBRIDGE_MSDA_BACKWARD_PARAMS, \
                               OPBRIDGE_MSDA_BACKWARD_ARGS, T, I)
 OPBRIDGE_MSDA_FOR_TYPES(OPBRIDGE_DISPATCH_MSDA_TASKS)
+OPBRIDGE_MSDA_FOR_HALF_TYPES(OPBRIDGE_DISPATCH_MSDA_FORWARD_TASK)
 #undef OPBRIDGE_DISPATCH_MSDA_TASKS
+#undef OPBRIDGE_DISPATCH_MSDA_FORWARD_TASK
 #undef OPBRIDGE_DISPATCH_MSDA_TASK
 #endif
+#undef OPBRIDGE_MSDA_FOR_HALF_TYPES
 #undef OPBRIDGE_MSDA_FOR_TYPES
 #undef OPBRIDGE_MSDA_FORWARD_PARAMS
 #undef OPBRIDGE_MSDA_FORWARD_ARGS
@@ -783,16 +870,16 @@ inline bool ms_deform_attn_head_major(const MSDeformAttnShape& s) {
 }
 
 // value [S, M, D] of one image -> value_t [M, S + 1, D] for keys [first, last) (row S of each head zeros: written
-// by the task that copies the last key).
-template <class T>
-void ms_deform_attn_transpose_value(const T* value_n, T* value_t, const MSDeformAttnShape& s, int64_t first,
+// by the task that copies the last key), from value's storage S to T (bfloat16 widened exactly on the way).
+template <class S, class T>
+void ms_deform_attn_transpose_value(const S* value_n, T* value_t, const MSDeformAttnShape& s, int64_t first,
                                     int64_t last) {
   const int64_t d = s.channels, m_count = s.heads;
   for (int64_t key = first; key < last; ++key) {
     for (int64_t m = 0; m < m_count; ++m) {  // a loop the compiler vectorizes: no call per row
       T* __restrict to = value_t + (m * (s.keys + 1) + key) * d;
-      const T* __restrict from = value_n + (key * m_count + m) * d;
-      for (int64_t k = 0; k < d; ++k) to[k] = from[k];
+      const S* __restrict from = value_n + (key * m_count + m) * d;
+      for (int64_t k = 0; k < d; ++k) to[k] = msda_detail::value_at<T>(from + k);
     }
   }
   if (last == s.keys) {
@@ -836,14 +923,20 @@ inline bool ms_deform_attn_head_passes(const MSDeformAttnShape& s, size_t value_
 #ifndef OPBRIDGE_MSDA_BLOCK_BYTES
 #define OPBRIDGE_MSDA_BLOCK_BYTES (256 << 10)
 #endif
+// value's storage S is T, or bfloat16 with T float: the same bits as value widened to float first, without the
+// widened copy. The head-major orders widen it in their head-major copy (their gathers are bound by arithmetic, not
+// memory: reading bfloat16 rows there took 1.2x the float rows' time, docs/architecture.md); the query-major order
+// (a decoder's few queries on a large map, bound by memory) reads it as stored, half the bytes of float rows.
 enum class MSDeformAttnOrder { automatic, query_major, head_major, head_passes };
-template <class T, class ParallelFor>
-void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
+template <class T, class S, class ParallelFor>
+void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
                     const T* sampling_locations, const T* attention_weights, T* out, const MSDeformAttnShape& s,
                     ParallelFor&& parallel_for, MSDeformAttnOrder order = MSDeformAttnOrder::automatic) {
   const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
-  const AlignedArray<T> zeros(static_cast<size_t>(d));
-  std::fill_n(zeros.get(), d, T(0));
+  const AlignedArray<S> zeros(static_cast<size_t>(d));
+  std::fill_n(zeros.get(), d, S{});
+  const AlignedArray<T> zeros_t(static_cast<size_t>(d));  // the head-major orders' (their value is T)
+  std::fill_n(zeros_t.get(), d, T(0));
   const int64_t kBlockBytes = OPBRIDGE_MSDA_BLOCK_BYTES;
   if (order == MSDeformAttnOrder::automatic) {
     order = !ms_deform_attn_head_major(s)              ? MSDeformAttnOrder::query_major
@@ -901,7 +994,7 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
           auto taps = taps_pair();
           ms_deform_attn_forward_task(value_t + m * (s.keys + 1) * d, loc_all + m * s.queries * lp * 2,
                                       attn_all + m * s.queries * lp, out + rows * d, s, m, first, last, taps.data(),
-                                      zeros.get(), true);
+                                      zeros_t.get(), true);
         });
         continue;
       }
@@ -918,7 +1011,7 @@ void ms_deform_attn(const T* value, const int64_t* spatial_shapes, const int64_t
         for (int64_t m = 0; m < m_count; ++m) {
           ms_deform_attn_forward_task(value_t + m * (s.keys + 1) * d, loc_t + (m * count - first) * lp * 2,
                                       attn_t + (m * count - first) * lp, out_t - first * m_count * d, s, m, first, last,
-                                      taps.data(), zeros.get(), false);
+                                      taps.data(), zeros_t.get(), false);
         }
         msda_detail::copy_streaming(out + (rows + first * m_count) * d, out_t,
                                     static_cast<int64_t>(sizeof(T)) * count * m_count * d);

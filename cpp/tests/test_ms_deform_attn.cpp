@@ -100,7 +100,7 @@ void test_orders_agree() {
   std::normal_distribution<float> normal(0.f, 1.f);
   std::uniform_real_distribution<float> uniform(-0.3f, 1.3f);
   const std::vector<int64_t> spatial{9, 11, 5, 6, 3, 3, 1, 2}, start{0, 99, 129, 138};
-  bool same = true, automatic_is_head_major = true;
+  bool same = true, automatic_is_head_major = true, bf16_same = true;
   for (int64_t channels : {32, 16, 64, 7, 33}) {
     for (auto [levels, points] : {std::pair<int64_t, int64_t>{4, 4}, {3, 4}, {4, 5}, {1, 1}}) {
       const MSDeformAttnShape s{
@@ -133,8 +133,27 @@ void test_orders_agree() {
              std::memcmp(a.data(), c.get(), sizeof(float) * a.size()) == 0 &&
              std::memcmp(a.data(), c_off.data() + 1, sizeof(float) * a.size()) == 0;
       automatic_is_head_major = automatic_is_head_major && ms_deform_attn_head_major(s) == (levels * points >= 4);
+      // bfloat16 value (read as stored by the query-major order, widened in the head-major copies) gives the bits
+      // of the float forward on the same values widened first, in every order.
+      std::vector<BFloat16> value_bf16(value.size());
+      std::vector<float> widened(value.size());
+      for (size_t i = 0; i < value.size(); ++i) {
+        value_bf16[i] = BFloat16(value[i]);
+        widened[i] = static_cast<float>(value_bf16[i]);
+      }
+      std::vector<float> want(a.size()), got(a.size());
+      ms_deform_attn(widened.data(), spatial.data(), start.data(), loc.data(), attn.data(), want.data(), s,
+                     ThreadedFor{}, MSDeformAttnOrder::query_major);
+      for (auto order : {MSDeformAttnOrder::query_major, MSDeformAttnOrder::head_major, MSDeformAttnOrder::head_passes,
+                         MSDeformAttnOrder::automatic}) {
+        std::fill(got.begin(), got.end(), -1.f);
+        ms_deform_attn(value_bf16.data(), spatial.data(), start.data(), loc.data(), attn.data(), got.data(), s,
+                       ThreadedFor{}, order);
+        bf16_same = bf16_same && std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) == 0;
+      }
     }
   }
+  expect(bf16_same, "bfloat16 value gives the float forward's bits on the widened values, in every order");
   expect(same, "the head-major forward, block by block and head by head, and the query-major one give the same bits");
   expect(automatic_is_head_major, "the forward runs head-major where queries * L * P >= 4 * S");
   {  // maps of no pixel: every sample reads the row of zeros (written even though no key is copied), never garbage

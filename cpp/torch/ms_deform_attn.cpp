@@ -33,12 +33,23 @@ Tensor ms_deform_attn_cpu(const Tensor& value, const Tensor& spatial_shapes, con
   OPBRIDGE_CHECK(api::is_cpu(value), "opbridge::ms_deform_attn: value must be on the CPU, got ",
                  api::device_name(value));
   const auto in = checked(value, spatial_shapes, level_start_index, sampling_locations, attention_weights);
-  if (api::is_half(value.scalar_type())) {  // half storage: float32 arithmetic, one rounding at the end
+  const auto& s = in.shape;
+  if (value.scalar_type() == api::ScalarType::BFloat16) {
+    // bfloat16 value read as it is stored, into float32 arithmetic (the same bits as value widened first, without
+    // the widened copy, and half the bytes gathered); locations and weights in float32; one rounding at the end.
+    auto out = api::empty({s.batch, s.queries, s.heads * s.channels}, api::ScalarType::Float);
+    if (out.numel() == 0) return api::to(out, value.scalar_type());
+    const auto locations = api::widened(in.sampling_locations), weights = api::widened(in.attention_weights);
+    kernels::ms_deform_attn(api::data<kernels::bfloat16>(in.value), api::data<int64_t>(in.spatial_shapes),
+                            api::data<int64_t>(in.level_start_index), api::data<float>(locations),
+                            api::data<float>(weights), api::data<float>(out), s, parallel_for);
+    return api::to(out, value.scalar_type());
+  }
+  if (api::is_half(value.scalar_type())) {  // float16: widened to float32, one rounding at the end
     return api::to(ms_deform_attn_cpu(api::widened(value), spatial_shapes, level_start_index,
                                       api::widened(sampling_locations), api::widened(attention_weights)),
                    value.scalar_type());
   }
-  const auto& s = in.shape;
   auto out = api::empty({s.batch, s.queries, s.heads * s.channels}, value.scalar_type());
   if (out.numel() == 0) return out;
   api::dispatch_floating(value.scalar_type(), "opbridge::ms_deform_attn", [&](auto tag) {
