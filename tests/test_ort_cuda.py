@@ -154,7 +154,8 @@ def _msda_feeds(dtype, config, special=SPECIAL_LOCATIONS):
     locations.view(-1)[: len(special)] = torch.tensor(special, dtype=torch.float64)
     feeds = dict(value=value, spatial_shapes=shapes, level_start_index=starts, sampling_locations=locations,
                  attention_weights=weights)  # fmt: skip
-    return {k: v.numpy().astype(dtype) if v.is_floating_point() else v.numpy() for k, v in feeds.items()}
+    with np.errstate(over="ignore"):  # float16: the far locations become infinite, still off the map
+        return {k: v.numpy().astype(dtype) if v.is_floating_point() else v.numpy() for k, v in feeds.items()}
 
 
 @needs_cuda_ep
@@ -172,6 +173,26 @@ def test_ms_deform_attn_on_the_cuda_ep(node, config, dtype):
     _close(out, expected, dtype)
     if dtype == np.float64:
         _close(out, _run(model, feeds, cuda=False), dtype)  # the CPU library's node: same arithmetic
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("node", MSDA_NODES, ids=lambda n: n[1])
+@pytest.mark.parametrize("config", MSDA_CONFIGS, ids=lambda c: f"D{c['channels']}Q{c['queries']}")
+def test_ms_deform_attn_float16_node_runs_on_the_gpu_and_rounds_the_float64_value_once(node, config):
+    """A float16 model's MSDA node (a model after .half()) runs on the CUDA provider (no CPU fallback allowed by
+    _run), reading float16 and computing in float32: within one float16 rounding of the float64 value of its
+    float16 inputs."""
+    feeds = _msda_feeds(np.float16, config)
+    model = _model(*node, list(feeds.items()), ELEMENT[np.float16])
+    out = _run(model, feeds, cuda=True)
+    assert out.dtype == np.float16
+    off_map = [x if abs(x) < 1e6 else -10.0 for x in SPECIAL_LOCATIONS]
+    halves = _msda_feeds(np.float16, config, special=off_map)  # the same float16 values, NaN/inf/far moved off the map
+    expected = msda_reference(*(torch.from_numpy(v.astype(np.float64) if v.dtype == np.float16 else v)
+                                for v in halves.values())).numpy()  # fmt: skip
+    error = np.abs(out.astype(np.float64) - expected)
+    bound = 2.0**-11 * np.abs(expected) + 2.0**-24 + 1e-5 * max(1.0, float(np.abs(expected).max()))
+    assert (error <= bound).all(), f"max excess {float((error - bound).max())}"
 
 
 @needs_cuda_ep

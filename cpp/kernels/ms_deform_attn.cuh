@@ -152,25 +152,27 @@ struct alignas(16) MSDeformAttnSlot {
 };
 
 // Sample i of a row (i < L * P): kernels/ms_deform_attn.h's arithmetic on its location and level, in integer
-// type I (int32 where ms_deform_attn_int32_samples, else int64).
-template <class T, class I>
-__device__ inline MSDeformAttnSample<T, I> ms_deform_attn_sample_at(const T* loc, int64_t i, int64_t points,
+// type I (int32 where ms_deform_attn_int32_samples, else int64). P: the location's storage (T, or float16 beside
+// float T: an ORT float16 model's, widened exactly).
+template <class T, class I, class P = T>
+__device__ inline MSDeformAttnSample<T, I> ms_deform_attn_sample_at(const P* loc, int64_t i, int64_t points,
                                                                     const MSDeformAttnLevelTile& levels) {
   const int64_t l = i / points;
-  return ms_deform_attn_sample<T, I>(loc[2 * i], loc[2 * i + 1], static_cast<I>(levels.height[l]),
-                                     static_cast<I>(levels.width[l]), static_cast<I>(levels.start[l]));
+  return ms_deform_attn_sample<T, I>(static_cast<T>(loc[2 * i]), static_cast<T>(loc[2 * i + 1]),
+                                     static_cast<I>(levels.height[l]), static_cast<I>(levels.width[l]),
+                                     static_cast<I>(levels.start[l]));
 }
 
 // Whether a sample's integers fit in int32: with fewer than 2^30 keys, a level that has any sample on it has sides
 // and a start below 2^30, and its corners' keys (up to start + (y + 1) * W + x + 1) stay below 2^31.
 inline bool ms_deform_attn_int32_samples(const MSDeformAttnShape& s) { return s.keys < (int64_t(1) << 30); }
 
-// Sample i of a row as its slot.
-template <class T, class I>
-__device__ inline MSDeformAttnSlot<T> ms_deform_attn_slot(const T* loc, const T* attn, int64_t i, int64_t points,
+// Sample i of a row as its slot (P: the storage of loc and attn, as in ms_deform_attn_sample_at).
+template <class T, class I, class P = T>
+__device__ inline MSDeformAttnSlot<T> ms_deform_attn_slot(const P* loc, const P* attn, int64_t i, int64_t points,
                                                           const MSDeformAttnLevelTile& levels) {
   const auto sample = ms_deform_attn_sample_at<T, I>(loc, i, points, levels);
-  const T a = attn[i];
+  const T a = static_cast<T>(attn[i]);
   MSDeformAttnSlot<T> slot;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -205,12 +207,13 @@ __device__ inline MSDeformAttnSlot<T> ms_deform_attn_empty_slot() {
   return slot;
 }
 
-// S: value's and out's storage type; T: the arithmetic's, locations' and weights' (S == T, or S float16/bfloat16
-// and T float: half storage read and written in vectors, float32 arithmetic and accumulation, one rounding).
-template <class S, class T, int kVec, class I>
+// S: value's and out's storage type; T: the arithmetic's; P: locations' and weights' storage (S == P == T, or S
+// float16/bfloat16 and T float: half storage read and written in vectors, float32 arithmetic and accumulation, one
+// rounding; P float32 as autocast gives them, or float16 as in an ORT float16 model, widened exactly).
+template <class S, class T, int kVec, class I, class P>
 __global__ void __launch_bounds__(kThreads)
-    ms_deform_attn_forward_kernel(const S* __restrict__ value, const T* __restrict__ locations,
-                                  const T* __restrict__ weights, S* __restrict__ out, MSDeformAttnShape s,
+    ms_deform_attn_forward_kernel(const S* __restrict__ value, const P* __restrict__ locations,
+                                  const P* __restrict__ weights, S* __restrict__ out, MSDeformAttnShape s,
                                   MSDeformAttnTable table, int lanes) {
   using V = Vec<S, kVec>;
   __shared__ MSDeformAttnLevelTile levels;
@@ -224,8 +227,8 @@ __global__ void __launch_bounds__(kThreads)
     const bool active = t < rows * lanes;
     const int64_t row = active ? t / lanes : 0, m = row % s.heads, n = row / (s.heads * s.queries);
     const S* value_nm = value + (n * s.keys * s.heads + m) * d;
-    const T* loc = locations + row * lp * 2;
-    const T* attn = weights + row * lp;
+    const P* loc = locations + row * lp * 2;
+    const P* attn = weights + row * lp;
     for (int64_t c_base = 0; c_base < d; c_base += static_cast<int64_t>(lanes) * kVec) {
       const int64_t c0 = c_base + lane * kVec;
       const bool mine = active && c0 < d;
@@ -233,8 +236,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < kVec; ++j) acc[j] = T(0);
       for (int64_t first = 0; first < lp; first += lanes) {
-        group[lane] = active && first + lane < lp ? ms_deform_attn_slot<T, I>(loc, attn, first + lane, s.points, levels)
-                                                  : ms_deform_attn_empty_slot<T>();
+        group[lane] = active && first + lane < lp
+                          ? ms_deform_attn_slot<T, I, P>(loc, attn, first + lane, s.points, levels)
+                          : ms_deform_attn_empty_slot<T>();
         __syncwarp();
         const int count = static_cast<int>(lp - first < lanes ? lp - first : lanes);
         if (mine) {
@@ -264,20 +268,23 @@ __global__ void __launch_bounds__(kThreads)
 
 // Launches the forward on `stream` (contiguous value [N, S, M, D], locations [N, Q, M, L, P, 2], weights
 // [N, Q, M, L, P], out [N, Q, M * D]; ms_deform_attn_unsupported(s) == nullptr); returns the launch's error
-// (cudaSuccess when it started). value and out in storage type S (T, or __half/__nv_bfloat16 beside float T).
-template <class S, class T>
-cudaError_t ms_deform_attn_forward(const S* value, const T* locations, const T* weights, S* out,
+// (cudaSuccess when it started). value and out in storage type S, locations and weights in P: all float or all
+// double, or S __half/__nv_bfloat16 beside P float32 (autocast's) or P == S __half (an ORT float16 model's); the
+// arithmetic T is float for all but double.
+template <class S, class P>
+cudaError_t ms_deform_attn_forward(const S* value, const P* locations, const P* weights, S* out,
                                    const MSDeformAttnShape& s, const MSDeformAttnTable& table, cudaStream_t stream) {
+  using T = std::conditional_t<std::is_same_v<S, double>, double, float>;
+  static_assert(std::is_same_v<P, T> || std::is_same_v<P, S>, "locations and weights: value's type or float32");
   constexpr int kVec = 16 / sizeof(S);
   const bool vectors = ms_deform_attn_vectors<S>(s, {value, out});
   const int lanes = ms_deform_attn_lanes(vectors ? s.channels / kVec : s.channels);
   const unsigned blocks = blocks_for(s.batch * s.queries * s.heads * lanes);
   const bool int32 = ms_deform_attn_int32_samples(s);
-  auto kernel =
-      vectors
-          ? (int32 ? ms_deform_attn_forward_kernel<S, T, kVec, int32_t>
-                   : ms_deform_attn_forward_kernel<S, T, kVec, int64_t>)
-          : (int32 ? ms_deform_attn_forward_kernel<S, T, 1, int32_t> : ms_deform_attn_forward_kernel<S, T, 1, int64_t>);
+  auto kernel = vectors ? (int32 ? ms_deform_attn_forward_kernel<S, T, kVec, int32_t, P>
+                                 : ms_deform_attn_forward_kernel<S, T, kVec, int64_t, P>)
+                        : (int32 ? ms_deform_attn_forward_kernel<S, T, 1, int32_t, P>
+                                 : ms_deform_attn_forward_kernel<S, T, 1, int64_t, P>);
   kernel<<<blocks, kThreads, 0, stream>>>(value, locations, weights, out, s, table, lanes);
   return cudaGetLastError();
 }

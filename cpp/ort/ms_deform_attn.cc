@@ -32,7 +32,7 @@ using ms_deform_attn_adapter::kMmdeployOp;
 using ms_deform_attn_adapter::kOp;
 using ms_deform_attn_adapter::make_op;
 
-// float16 on the CPU (the CUDA library's nodes take float and double).
+// float16 on the CPU: widened into per-thread scratch (the CUDA library registers its own float16 nodes).
 void append_ms_deform_attn(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ms_deform_attn_adapter::append<Cpu>(ops);
   ops.push_back(make_op<Cpu, Ort::Float16_t, kOp>("MultiScaleDeformableAttention"));

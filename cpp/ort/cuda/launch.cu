@@ -54,8 +54,10 @@ const char* ms_deform_attn(const T* value, const int64_t* spatial_shapes, const 
   if (const char* unsupported = kernels::cuda::ms_deform_attn_unsupported(shape)) return unsupported;
   kernels::cuda::MSDeformAttnTable table;
   kernels::cuda::ms_deform_attn_levels(shape, spatial_shapes, level_start_index, table.levels);
-  return message(kernels::cuda::ms_deform_attn_forward(value, locations, weights, out, shape, table,
-                                                       static_cast<cudaStream_t>(stream)));
+  using D = typename Device<T>::type;  // float16 (bits): __half storage, float32 arithmetic
+  return message(kernels::cuda::ms_deform_attn_forward(
+      reinterpret_cast<const D*>(value), reinterpret_cast<const D*>(locations), reinterpret_cast<const D*>(weights),
+      reinterpret_cast<D*>(out), shape, table, static_cast<cudaStream_t>(stream)));
 }
 
 template <class T>
@@ -195,6 +197,8 @@ template const char* ms_deform_attn(const float*, const int64_t*, const int64_t*
                                     const kernels::MSDeformAttnShape&, void*);
 template const char* ms_deform_attn(const double*, const int64_t*, const int64_t*, const double*, const double*,
                                     double*, const kernels::MSDeformAttnShape&, void*);
+template const char* ms_deform_attn(const uint16_t*, const int64_t*, const int64_t*, const uint16_t*, const uint16_t*,
+                                    uint16_t*, const kernels::MSDeformAttnShape&, void*);
 template const char* deform_conv2d(const float*, const float*, const float*, const float*, const float*, float*,
                                    const kernels::DeformConv2dShape&, void*);
 template const char* deform_conv2d(const double*, const double*, const double*, const double*, const double*, double*,

@@ -46,8 +46,10 @@ struct Cuda {
   static void ms_deform_attn(OrtKernelContext* context, const char*, const T* value, const int64_t* spatial_shapes,
                              const int64_t* level_start_index, const T* locations, const T* weights, T* out,
                              const kernels::MSDeformAttnShape& shape) {
-    check(cuda::ms_deform_attn(value, spatial_shapes, level_start_index, locations, weights, out, shape,
-                               stream_of(context)));
+    using B = typename Bits<T>::type;  // float16: read as stored, float32 arithmetic, one rounding
+    check(cuda::ms_deform_attn(reinterpret_cast<const B*>(value), spatial_shapes, level_start_index,
+                               reinterpret_cast<const B*>(locations), reinterpret_cast<const B*>(weights),
+                               reinterpret_cast<B*>(out), shape, stream_of(context)));
   }
 
   template <class T>
@@ -108,8 +110,17 @@ struct Cuda {
 
 using Ops = std::vector<Ort::Custom::OrtLiteCustomOp*>;
 void append_my_add(Ops& ops) { my_add_adapter::append<Cuda>(ops); }
-void append_ms_deform_attn(Ops& ops) { ms_deform_attn_adapter::append<Cuda>(ops); }
-void append_mmdeploy_ms_deform_attn(Ops& ops) { ms_deform_attn_adapter::append_mmdeploy<Cuda>(ops); }
+// MSDA also in float16 (a model after .half()): the kernel reads and writes float16 and computes in float32.
+void append_ms_deform_attn(Ops& ops) {
+  ms_deform_attn_adapter::append<Cuda>(ops);
+  ops.push_back(ms_deform_attn_adapter::make_op<Cuda, Ort::Float16_t, ms_deform_attn_adapter::kOp>(
+      "MultiScaleDeformableAttention"));
+}
+void append_mmdeploy_ms_deform_attn(Ops& ops) {
+  ms_deform_attn_adapter::append_mmdeploy<Cuda>(ops);
+  ops.push_back(ms_deform_attn_adapter::make_op<Cuda, Ort::Float16_t, ms_deform_attn_adapter::kMmdeployOp>(
+      "MMCVMultiScaleDeformableAttention"));
+}
 void append_deform_conv2d(Ops& ops) { deform_conv2d_adapter::append<Cuda>(ops); }
 void append_mmcv_modulated_deform_conv2d(Ops& ops) { deform_conv2d_adapter::append_mmcv_modulated<Cuda>(ops); }
 void append_mmcv_deform_conv2d(Ops& ops) { deform_conv2d_adapter::append_mmcv_v1<Cuda>(ops); }
