@@ -302,7 +302,8 @@ def _grid_inputs(dtype, batch=2, channels=5, height=7, width=9, out=(6, 8)):
     x = rng.standard_normal((batch, channels, height, width))
     grid = rng.uniform(-1.3, 1.3, (batch, *out, 2))
     grid[0, 0, :4, 0] = [np.nan, np.inf, 1e30, -1.0]  # read nothing, nothing, nothing, the border
-    return x.astype(dtype), grid.astype(dtype)
+    with np.errstate(over="ignore"):  # float16: 1e30 becomes infinite, which also reads nothing
+        return x.astype(dtype), grid.astype(dtype)
 
 
 @needs_cuda_ep
@@ -310,8 +311,10 @@ def _grid_inputs(dtype, batch=2, channels=5, height=7, width=9, out=(6, 8)):
 @pytest.mark.parametrize("interpolation", [0, 1, 2], ids=["bilinear", "nearest", "bicubic"])
 @pytest.mark.parametrize("padding", [0, 1, 2], ids=["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [0, 1])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 def test_grid_sampler_on_the_cuda_ep(domain, interpolation, padding, align_corners, dtype):
+    """float16 (a model after .half()) runs on the GPU too (_run allows no CPU fallback): read as stored, float32
+    arithmetic, the float64 value of its float16 inputs within one rounding."""
     x, grid = _grid_inputs(dtype)
     attributes = dict(interpolation_mode=interpolation, padding_mode=padding, align_corners=align_corners)
     model = _model("grid_sampler", domain, [("input", x), ("grid", grid)], ELEMENT[dtype], attributes)
@@ -319,8 +322,9 @@ def test_grid_sampler_on_the_cuda_ep(domain, interpolation, padding, align_corne
     # Against torch's grid_sample (float64; the non-finite grid points read nothing, as torch's CUDA kernel does).
     mode = ("bilinear", "nearest", "bicubic")[interpolation]
     pad = ("zeros", "border", "reflection")[padding]
-    finite = np.isfinite(grid).all(-1) & (np.abs(grid) < 1e10).all(-1)
-    safe_grid = torch.from_numpy(np.where(finite[..., None], grid, 0).astype(np.float64))
+    wide = grid.astype(np.float64)
+    finite = np.isfinite(wide).all(-1) & (np.abs(wide) < 1e10).all(-1)
+    safe_grid = torch.from_numpy(np.where(finite[..., None], wide, 0))
     expected = torch.nn.functional.grid_sample(
         torch.from_numpy(x.astype(np.float64)),
         safe_grid,

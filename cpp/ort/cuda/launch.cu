@@ -70,8 +70,10 @@ const char* deform_conv2d(const T* input, const T* weight, const T* offset, cons
 template <class T>
 const char* grid_sample(const T* input, const T* grid, T* out, const kernels::GridSampleShape& shape,
                         const kernels::GridSampleAttributes& attributes, void* stream) {
-  return message(
-      kernels::cuda::grid_sample_forward(input, grid, out, shape, attributes, static_cast<cudaStream_t>(stream)));
+  using D = typename Device<T>::type;  // float16 (bits): __half storage, float32 arithmetic
+  return message(kernels::cuda::grid_sample_forward(reinterpret_cast<const D*>(input), reinterpret_cast<const D*>(grid),
+                                                    reinterpret_cast<D*>(out), shape, attributes,
+                                                    static_cast<cudaStream_t>(stream)));
 }
 
 // `bytes` of stream-ordered device memory for the kernels of one call, freed after them on the same stream.
@@ -207,6 +209,8 @@ template const char* deform_conv2d(const double*, const double*, const double*, 
 template const char* grid_sample(const float*, const float*, float*, const kernels::GridSampleShape&,
                                  const kernels::GridSampleAttributes&, void*);
 template const char* grid_sample(const double*, const double*, double*, const kernels::GridSampleShape&,
+                                 const kernels::GridSampleAttributes&, void*);
+template const char* grid_sample(const uint16_t*, const uint16_t*, uint16_t*, const kernels::GridSampleShape&,
                                  const kernels::GridSampleAttributes&, void*);
 
 #define OPBRIDGE_ROTATED_LAUNCHES(T)                                                                                   \

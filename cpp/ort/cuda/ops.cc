@@ -55,7 +55,9 @@ struct Cuda {
   template <class T>
   static void grid_sample(OrtKernelContext* context, const T* input, const T* grid, T* out,
                           const kernels::GridSampleShape& shape, const kernels::GridSampleAttributes& attributes) {
-    check(cuda::grid_sample(input, grid, out, shape, attributes, stream_of(context)));
+    using B = typename Bits<T>::type;  // float16: read as stored, float32 arithmetic, one rounding
+    check(cuda::grid_sample(reinterpret_cast<const B*>(input), reinterpret_cast<const B*>(grid),
+                            reinterpret_cast<B*>(out), shape, attributes, stream_of(context)));
   }
 
   template <class T>
@@ -127,6 +129,7 @@ void append_mmcv_deform_conv2d(Ops& ops) { deform_conv2d_adapter::append_mmcv_v1
 template <const char* Op>
 void append_grid_sampler(Ops& ops) {
   grid_sampler_adapter::append<Cuda, Op>(ops);
+  grid_sampler_adapter::append_typed<Cuda, Ort::Float16_t, Op>(ops);  // a float16 model's (Mask2Former after .half())
 }
 template <const char* Op>
 void append_roi_align_rotated(const char* op_type, Ops& ops) {
