@@ -27,9 +27,9 @@ def my_add(a: Tensor, b: Tensor) -> Tensor:
     """Return ``2 * a + b``: ``torch.ops.opbridge.my_add``.
 
     Args:
-        a, b: CPU tensors of the same floating dtype (float32, float64 or float16)
-            whose shapes broadcast together; any rank, empty and non-contiguous
-            tensors included.
+        a, b: tensors (CPU, or CUDA with opbridge's CUDA library) of the same floating dtype (float32, float64,
+            float16 or bfloat16) whose shapes broadcast together; any rank, empty and non-contiguous tensors
+            included.
 
     Returns:
         A new contiguous tensor of the broadcast shape and the inputs' dtype.
