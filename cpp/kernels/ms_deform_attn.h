@@ -353,6 +353,9 @@ template <bool kWide, class C, class T>
 // (no conversion per channel). The accumulator then holds each chunk as [even channels, odd channels], put back in
 // channel order once per row (interleave_pairs).
 constexpr int kPairChunk = 16;
+#if defined(__BYTE_ORDER__)
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "a word's low half is its first bfloat16 (even channel)");
+#endif
 using PairFloats = VectorOf<float, kPairChunk / 2>::type;
 using PairWords = VectorOf<uint32_t, kPairChunk / 2>::type;
 [[gnu::always_inline]] inline PairFloats even_channels(const PairWords& words) {
@@ -783,13 +786,16 @@ namespace OPBRIDGE_ISA_NAMESPACE {
       return body<T, I, 0>(__VA_ARGS__);                     \
   }
 
-// The forward's storage S is deduced from value_n.
-#define OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I, S)                                                               \
-  OPBRIDGE_MSDA_LINKAGE void ms_deform_attn_forward_task(OPBRIDGE_MSDA_FORWARD_PARAMS(T, I, S)) {                \
-    if (head >= 0) {                                                                                             \
-      OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_head_major, T, I, OPBRIDGE_MSDA_FORWARD_ARGS) \
-    }                                                                                                            \
-    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_query_major, T, I, OPBRIDGE_MSDA_FORWARD_ARGS)  \
+// The forward's storage S is deduced from value_n. Half storage runs query-major only (the head-major orders read
+// their float copy of value: the S == T task).
+#define OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I, S)                                                                 \
+  OPBRIDGE_MSDA_LINKAGE void ms_deform_attn_forward_task(OPBRIDGE_MSDA_FORWARD_PARAMS(T, I, S)) {                  \
+    if constexpr (std::is_same_v<S, T>) {                                                                          \
+      if (head >= 0) {                                                                                             \
+        OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_head_major, T, I, OPBRIDGE_MSDA_FORWARD_ARGS) \
+      }                                                                                                            \
+    }                                                                                                              \
+    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_query_major, T, I, OPBRIDGE_MSDA_FORWARD_ARGS)    \
   }
 #define OPBRIDGE_DEFINE_MSDA_TASKS(T, I)                                                                   \
   OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I, T)                                                               \

@@ -23,7 +23,7 @@ namespace opbridge::ort::cuda {
 // is none, else a sentence naming both versions and what to do.
 std::string driver_problem();
 
-// T: float or double; my_add also float16 as uint16_t bits.
+// T: float or double; my_add, ms_deform_attn and grid_sample also float16 as uint16_t bits.
 template <class T>
 const char* my_add(const T* a, const T* b, T* out, const kernels::BinaryLoop& loop, void* stream);
 
