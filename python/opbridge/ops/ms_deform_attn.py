@@ -468,9 +468,11 @@ def _as_int64(b, table):
 def _grid_sample(b, value, spatial_shapes, level_start_index, locations, weights):
     """GridSample per level (opset >= 16), as Deformable DETR's pure-PyTorch path, in few nodes: value split into
     its levels at level_start_index (the op's contract, checked in eager: the levels tile S in order), each level's
-    P points sampled in one GridSample, and one weighted sum over levels and points. The Gather lowering serves
-    instead where the number of levels is unknown to the exporter, and for float64 below opset 20 (ONNX Runtime has
-    no float64 kernel of GridSample-16)."""
+    P points sampled in one GridSample and weighted and summed over its points there, and the levels added in one
+    Sum. (One weighted sum over a Concat of every level's samples is 4 nodes fewer per level but copies the samples,
+    [N*M, D, Lq, L*P], once more: 12-18% slower in ONNX Runtime on Deformable DETR's encoders, docs/architecture.md.)
+    The Gather lowering serves instead where the number of levels is unknown to the exporter, and for float64 below
+    opset 20 (ONNX Runtime has no float64 kernel of GridSample-16)."""
     levels = _levels(b, spatial_shapes, locations, weights)
     if levels is None or (b.opset < 20 and b.dtype(value, "value") == torch.float64):
         return _gathered(b, value, spatial_shapes, level_start_index, locations, weights)
@@ -482,20 +484,21 @@ def _grid_sample(b, value, spatial_shapes, level_start_index, locations, weights
     # locations [N, Lq, M, L, P, 2] -> [N, M, Lq, L, P, 2] in [-1, 1]
     grids = b.op("Transpose", b.op("Sub", b.op("Mul", locations, g.const(2.0)), g.const(1.0)), perm=[0, 2, 1, 3, 4, 5])
     grid_shape = g.shape(nm_1d, g.lq_1d, g.p_1d, (2,))
+    # weights [N, Lq, M, L, P] -> [N*M, 1, Lq, L, P]
+    attention = b.op("Reshape", b.op("Transpose", weights, perm=[0, 2, 1, 3, 4]),
+                     g.shape(nm_1d, (1,), g.lq_1d, (levels,), g.p_1d))  # fmt: skip
     mode = "linear" if b.opset >= 20 else "bilinear"
-    sampled = []
+    terms = []
     for level in range(levels):
         at = b.constant([level])
         hw = b.op("Gather", shapes, b.constant(level), axis=0)  # [2]
         plane = b.op("Slice", planes, b.op("Gather", starts, at), b.op("Gather", ends, at), b.constant([3]))
         plane = b.op("Reshape", plane, g.shape(nm_1d, g.d_1d, hw))  # [NM, D, H, W]
         grid = b.op("Reshape", b.op("Gather", grids, b.constant(level), axis=3), grid_shape)  # [NM, Lq, P, 2]
-        sampled.append(b.op("GridSample", plane, grid, align_corners=0, mode=mode, padding_mode="zeros"))
-    # [NM, D, Lq, L * P] (levels-major, as the weights') times weights [N, Lq, M, L, P] -> [NM, 1, Lq, L * P]
-    samples = b.op("Concat", *sampled, axis=3) if levels > 1 else sampled[0]
-    attention = b.op("Reshape", b.op("Transpose", weights, perm=[0, 2, 1, 3, 4]),
-                     g.shape(nm_1d, (1,), g.lq_1d, b.op("Mul", g.p_1d, b.constant([levels]))))  # fmt: skip
-    out = g.reduce_sum(b.op("Mul", samples, attention), [3])  # [NM, D, Lq]
+        sampled = b.op("GridSample", plane, grid, align_corners=0, mode=mode, padding_mode="zeros")  # [NM, D, Lq, P]
+        weight = b.op("Gather", attention, b.constant(level), axis=3)  # [NM, 1, Lq, P]
+        terms.append(g.reduce_sum(b.op("Mul", sampled, weight), [3]))  # [NM, D, Lq]
+    out = b.op("Sum", *terms) if levels > 1 else terms[0]
     out = b.op("Reshape", out, g.shape(g.n_1d, b.op("Mul", g.m_1d, g.d_1d), g.lq_1d))
     return b.op("Transpose", out, perm=[0, 2, 1])
 
