@@ -339,3 +339,101 @@ def test_ultralytics_heads_build_anchors_from_the_sizes_under_torch_export(monke
     assert twin.shape == (1, 3, 7) and head.shape == (1, 3, 5)
     patch.restore()
     assert "forward" not in vars(head)
+
+
+def _regrouped_by_loop(embeddings: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """The reference: group b's rows in column b, zero rows past its size, one group at a time."""
+    out = torch.zeros(max(sizes), len(sizes), embeddings.shape[1], dtype=embeddings.dtype)
+    start = 0
+    for b, size in enumerate(sizes):
+        out[:size, b] = embeddings[start : start + size]
+        start += size
+    return out
+
+
+@pytest.mark.parametrize("sizes", [[3, 3], [2, 3, 1], [1], [4, 0, 2]])
+def test_regroup_by_size_is_the_loop_and_follows_the_sizes_under_both_exporters(sizes):
+    embeddings = torch.randn(sum(sizes), 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    expected = _regrouped_by_loop(embeddings, sizes)
+    assert torch.equal(rewrites.regroup_by_size(embeddings, torch.tensor(sizes)), expected)
+
+    class Regroup(torch.nn.Module):
+        def forward(self, embeddings, sizes):
+            return rewrites.regroup_by_size(embeddings, sizes)
+
+    # Traced with other sizes, the graph follows the sizes it is given (the tracer records the gather, no loop).
+    traced = torch.jit.trace(Regroup(), (torch.randn(5, 5, dtype=torch.float64), torch.tensor([2, 3])))
+    assert torch.equal(traced(embeddings, torch.tensor(sizes)), expected)
+
+
+def _omdet_inputs(model, sizes: list[int], batch_seed: int = 0):
+    generator = torch.Generator().manual_seed(batch_seed)
+    classes = torch.randint(3, 99, (sum(sizes), 7), generator=generator)  # the tiny CLIP: 99 tokens, 8 positions
+    tasks = torch.randint(3, 99, (len(sizes), 8), generator=generator)
+    task_mask = torch.ones_like(tasks)
+    task_mask[:, 6:] = 0  # shorter prompts: the task embeddings are cut to the longest one
+    task_mask[0, 4:] = 0
+    return classes, torch.ones_like(classes), tasks, task_mask, torch.tensor(sizes)
+
+
+def test_omdet_turbo_language_embedding_rewrite_computes_the_librarys_values(monkeypatch):
+    """Under an exporter the rewrite computes OmDet-Turbo's text embeddings without its caches and loops; the
+    values equal the library's method (fresh caches, float64, groups of different sizes). In eager mode the
+    library's own method runs, caches and all."""
+    model, _ = _tiny("transformers.OmDetTurboForObjectDetection")
+    model = model.double()
+    inner = next(m for m in model.modules() if "get_language_embedding" in dir(type(m)))
+    inputs = _omdet_inputs(model, [2, 3, 1])
+
+    def fresh_caches():
+        for name in ("language_cache_class", "language_cache_prompt"):
+            setattr(inner, name, type(getattr(inner, name))(inner.config.cache_size))
+
+    with torch.no_grad():
+        fresh_caches()
+        expected = type(inner).get_language_embedding(inner, *inputs)
+        with opbridge.patch_model(model) as patch:
+            assert any("get_language_embedding" in label for label in patch.swapped), patch.swapped
+            assert "get_language_embedding" in vars(inner)
+            monkeypatch.setattr(rewrites, "_exporting", lambda: True)
+            fresh_caches()
+            found = inner.get_language_embedding(*inputs)
+            assert len(inner.language_cache_class.cache) == 0  # no cache was read or filled
+            monkeypatch.setattr(rewrites, "_exporting", lambda: False)
+            eager = inner.get_language_embedding(*inputs)
+            assert len(inner.language_cache_class.cache) > 0  # the library's method, caches and all
+        assert "get_language_embedding" not in vars(inner)
+    for f, e, g in zip(found, expected, eager, strict=True):
+        assert torch.equal(f, e) and torch.equal(g, e)
+
+
+def test_omdet_turbo_rewrite_is_skipped_with_a_warning_where_the_installed_code_differs(monkeypatch):
+    model, _ = _tiny("transformers.OmDetTurboForObjectDetection")
+    inner = next(m for m in model.modules() if "get_language_embedding" in dir(type(m)))
+    owner = next(k for k in type(inner).__mro__ if "get_language_embedding" in vars(k))
+
+    def get_language_embedding(self, *args):  # another release's method: not the code the rewrite serves
+        return None
+
+    monkeypatch.setattr(owner, "get_language_embedding", get_language_embedding)
+    rewrites._language_embedding_rewrite.cache_clear()
+    try:
+        with (
+            pytest.warns(UserWarning, match="get_language_embedding is not the code"),
+            opbridge.patch_model(model) as patch,
+        ):
+            assert not any("get_language_embedding" in label for label in patch.swapped)
+            assert "get_language_embedding" not in vars(inner)
+    finally:
+        rewrites._language_embedding_rewrite.cache_clear()
+
+
+def test_omdet_turbo_exports_a_dynamic_batch_and_size_with_the_torchscript_exporter():
+    """The sweep's case (random weights, tiny config): exported at batch 2 with the batch and image size dynamic,
+    ONNX Runtime at batch 3 and another image size matches eager. Without the rewrites (the caches' loops, the
+    class regrouping, the decoder's ``len()`` of the batch) the batch was fixed."""
+    pytest.importorskip("onnxruntime")
+    from opbridge.tools.models import run_case
+
+    result = run_case("transformers.OmDetTurboForObjectDetection", True, "legacy", 17)
+    assert (result.outcome, result.batch) == ("ok", "dynamic"), result.cause

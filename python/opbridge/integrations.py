@@ -399,4 +399,5 @@ def patch_model(model: torch.nn.Module) -> Patch:
 
     rewrites.apply(modules_seen, patch)
     rewrites.apply_to_layers(model, patch)
+    rewrites.apply_to_language_embeddings(model, patch)
     return patch

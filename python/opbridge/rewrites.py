@@ -17,6 +17,10 @@ too: where a module uses transformers' ``torch_int``, it gets one that hands a s
 and its successors' position embeddings). And the models' export branches, taken under ``torch.jit.is_tracing()``
 ("always interpolate when tracing": DINOv2's position embeddings in RF-DETR), are taken under torch.export too.
 
+OmDet-Turbo's text embeddings go through content-keyed caches and per-image loops that the exporters unroll for
+the exported batch: while an exporter traces, its ``get_language_embedding`` computes them without either
+(:func:`apply_to_language_embeddings`), and its decoder's ``len()`` of the batch stays a size.
+
 Ultralytics' heads (RT-DETR's decoder, the YOLO heads) cache anchors built for the last input's size; under
 torch.export they forget that size, so the anchors come from the symbolic sizes (:func:`apply_to_layers`).
 
@@ -34,7 +38,7 @@ import types
 
 import torch
 
-__all__ = ["SizeAwareTorch", "apply", "apply_to_layers"]
+__all__ = ["SizeAwareTorch", "apply", "apply_to_language_embeddings", "apply_to_layers", "regroup_by_size"]
 
 
 def _symbolic(size) -> bool:
@@ -173,6 +177,11 @@ def _size_aware_int(original):
 #: ``torch.arange(int(width))``): their global ``int`` hands a symbolic or traced size on, as ``torch_int`` does.
 _INT_LINES = {"transformers.": ("torch.arange(int(width)",)}
 
+#: Modules that take the batch size as ``len()`` of a tensor (OmDet-Turbo's decoder input, whose query indices and
+#: views are built from it): the TorchScript tracer makes ``len()`` a number, a constant of the graph. Their global
+#: ``len`` gives a tensor's traced or symbolic first size while an exporter traces.
+_LEN_LINES = {"transformers.": ("batch_size = len(vision_features)",)}
+
 
 def _size_aware_builtin_int(value=0, *args):
     """``int``, except that a symbolic (torch.export) or traced (TorchScript tracer) size stays one: ``int()`` of it
@@ -184,6 +193,14 @@ def _size_aware_builtin_int(value=0, *args):
     ):
         return value
     return int(value, *args)
+
+
+def _size_aware_len(obj):
+    """``len``, except that a tensor's first size stays a traced (TorchScript tracer) or symbolic (torch.export) size
+    while an exporter traces: ``len()`` of it would be a number, the exported batch."""
+    if isinstance(obj, torch.Tensor) and obj.dim() > 0 and _exporting():
+        return obj.shape[0]
+    return len(obj)
 
 
 def _library_torch_int():
@@ -204,11 +221,15 @@ def apply(module_names, patch) -> None:
         source = _source(module) or ""
         if getattr(module, "torch", None) is torch and any(line in source for line in lines):
             _swap(patch, module, "torch", SizeAwareTorch(), f"{name}.torch (as_tensor, tensor, linspace)")
-        int_lines = next((lines for prefix, lines in _INT_LINES.items() if name.startswith(prefix)), ())
-        if "int" not in vars(module) and any(line in source for line in int_lines):
-            module.int = _size_aware_builtin_int
-            patch._undo.append(functools.partial(vars(module).pop, "int", None))
-            patch.swapped.append(f"{name}.int (sizes stay symbolic)")
+        for builtin, replacement, table in (
+            ("int", _size_aware_builtin_int, _INT_LINES),
+            ("len", _size_aware_len, _LEN_LINES),
+        ):
+            builtin_lines = next((lines for prefix, lines in table.items() if name.startswith(prefix)), ())
+            if builtin not in vars(module) and any(line in source for line in builtin_lines):
+                setattr(module, builtin, replacement)
+                patch._undo.append(functools.partial(vars(module).pop, builtin, None))
+                patch.swapped.append(f"{name}.{builtin} (sizes stay symbolic)")
         library_int = _library_torch_int()
         if library_int is not None and getattr(module, "torch_int", None) is library_int:
             _swap(patch, module, "torch_int", _size_aware_int(library_int), f"{name}.torch_int")
@@ -265,6 +286,85 @@ def _forgetting_forward(cls: type):
                 setattr(self, name, value)
 
     return forgetting
+
+
+#: OmDet-Turbo's text embeddings (transformers' ``get_language_embedding``) go through content-keyed caches, one
+#: loop pass per prompt (``.tolist()`` of each prompt's tokens is the key), and regroup the class embeddings image by
+#: image in a loop over ``classes_structure``: an exporter unrolls both loops for the exported batch, and a cache
+#: filled by an eager call before the export would make its embeddings constants of the graph. The rewrite computes
+#: the same embeddings from the inputs while an exporter traces (one text-model call for the classes, one for the
+#: tasks, the regrouping as one gather); in eager mode (and under torch.compile) the library's own method runs,
+#: caches and all. These lines of the installed code are what it relies on; where one is missing it is not applied.
+_LANGUAGE_EMBEDDING_LINES = {
+    "get_language_embedding": ("for size in classes_structure", "pad_size = max_class_size - size"),
+    "get_cached_class_embeddings": ('self.language_backbone(not_cached_classes_ids, encode_type="class")',),
+    "get_cached_task_embeddings": ('encode_type="task"', "torch.cat(total_task_features, dim=1)"),
+}
+
+
+def regroup_by_size(embeddings: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """Rows of ``embeddings`` ([sum(sizes), D]) regrouped by group: ``[max(sizes), len(sizes), D]``, group ``b``'s
+    rows in column ``b``, zeros past its size. What OmDet-Turbo's loop over ``classes_structure`` builds, as one
+    gather that follows the sizes under either exporter."""
+    sizes = sizes.to(torch.int64)
+    slot = torch.arange(sizes.max(), device=embeddings.device)[:, None]
+    row = (torch.cumsum(sizes, 0) - sizes)[None, :] + slot
+    row = row.clamp(max=embeddings.shape[0] - 1).clamp(min=0)
+    gathered = embeddings[row]
+    return torch.where((slot < sizes[None, :])[..., None], gathered, gathered.new_zeros(()))
+
+
+def _exporting() -> bool:
+    return torch.jit.is_tracing() or torch.compiler.is_exporting()
+
+
+@functools.cache
+def _language_embedding_rewrite(cls: type):
+    """``cls.get_language_embedding``, computed without the caches and loops while an exporter traces; None where
+    the installed code is not the code the rewrite serves (``_LANGUAGE_EMBEDDING_LINES``)."""
+    for method, lines in _LANGUAGE_EMBEDDING_LINES.items():
+        source = _source(getattr(cls, method, None)) or ""
+        if not all(line in source for line in lines):
+            return None
+    original = cls.get_language_embedding
+
+    @functools.wraps(original)
+    def get_language_embedding(self, classes_ids, classes_mask, tasks_ids, tasks_mask, classes_structure):
+        if not _exporting():
+            return original(self, classes_ids, classes_mask, tasks_ids, tasks_mask, classes_structure)
+        classes = self.language_backbone(classes_ids, encode_type="class")
+        tasks, task_mask = self.language_backbone(tasks_ids, mask=tasks_mask, encode_type="task")
+        return regroup_by_size(classes, classes_structure), tasks, task_mask
+
+    return get_language_embedding
+
+
+def apply_to_language_embeddings(model: torch.nn.Module, patch) -> None:
+    """The rewrite of OmDet-Turbo's text embeddings (``_LANGUAGE_EMBEDDING_LINES``) on each of the model's
+    transformers modules that has them, recorded in ``patch``; a module whose installed code differs is left as it
+    is, with a warning."""
+    for layer in model.modules():
+        cls = type(layer)
+        owner = next((k for k in cls.__mro__ if "get_language_embedding" in vars(k)), None)
+        if owner is None or not owner.__module__.startswith("transformers.") or "get_language_embedding" in vars(layer):
+            continue
+        rewrite = _language_embedding_rewrite(cls)
+        if rewrite is None:
+            import warnings
+
+            warnings.warn(
+                f"opbridge.patch_model: {cls.__module__}.{cls.__qualname__}.get_language_embedding is not the code "
+                "opbridge's export rewrite serves (another transformers release): left as it is, so an export "
+                "keeps the batch it was exported with",
+                UserWarning,
+                stacklevel=3,
+            )
+            continue
+        layer.get_language_embedding = types.MethodType(rewrite, layer)
+        patch._undo.append(functools.partial(vars(layer).pop, "get_language_embedding", None))
+        patch.swapped.append(
+            f"{cls.__module__}.{cls.__qualname__}.get_language_embedding (no caches or loops under an exporter)"
+        )
 
 
 def _source(obj) -> str | None:
