@@ -264,6 +264,43 @@ def test_deform_conv2d_on_the_cuda_ep(config, dtype):
 
 
 @needs_cuda_ep
+@pytest.mark.parametrize("config", DEFORM_CONFIGS, ids=lambda c: f"C{c['channels']}G{c['groups']}")
+def test_deform_conv2d_float16_nodes_run_on_the_gpu_and_round_the_float64_value_once(config):
+    """A float16 model's deformable convolution nodes (opbridge, mmcv and mmdeploy forms) run on the CUDA provider
+    (_run allows no CPU fallback), reading float16 and computing in float32: within one float16 rounding of the
+    float64 value of their float16 inputs (torchvision in float64), plus float32 sums over up to 576 products."""
+    import torchvision
+
+    x, w, offset, mask, bias, _ = _deform(np.float16, config)
+    c = config
+    t = lambda a: None if a is None else torch.from_numpy(a.astype(np.float64))  # noqa: E731
+    geometry = dict(stride=c["stride"], padding=c["padding"], dilation=c["dilation"])
+    expected = torchvision.ops.deform_conv2d(t(x), t(offset), t(w), t(bias), mask=t(mask), **geometry).numpy()
+    scale = float(np.abs(expected).max())
+
+    def check(out):
+        assert out.dtype == np.float16
+        error = np.abs(out.astype(np.float64) - expected)
+        bound = 2.0**-11 * np.abs(expected) + 2.0**-24 + 1e-5 * max(1.0, scale)
+        assert (error <= bound).all(), f"max excess {float((error - bound).max())}"
+
+    attributes = dict(strides=list(c["stride"]), pads=[*c["padding"], *c["padding"]], dilations=list(c["dilation"]),
+                      group=c["groups"], offset_group=c["offset_groups"], kernel_shape=list(c["kernel"]))  # fmt: skip
+    inputs = [("X", x), ("W", w), ("offset", offset), ("B", bias), ("mask", mask)]
+    check(_run(_model("DeformConv2d", "opbridge", inputs, ELEMENT[np.float16], attributes), dict(inputs), cuda=True))
+    mmcv = dict(stride=list(c["stride"]), padding=list(c["padding"]), dilation=list(c["dilation"]),
+                groups=c["groups"], deform_groups=c["offset_groups"])  # fmt: skip
+    if mask is not None:
+        inputs = [("input", x), ("offset", offset), ("mask", mask), ("weight", w), ("bias", bias)]
+        for domain in ("mmcv", "mmdeploy"):
+            model = _model("MMCVModulatedDeformConv2d", domain, inputs, ELEMENT[np.float16], mmcv)
+            check(_run(model, dict(inputs), cuda=True))
+    elif bias is None:
+        inputs = [("input", x), ("offset", offset), ("weight", w)]
+        check(_run(_model("MMCVDeformConv2d", "mmcv", inputs, ELEMENT[np.float16], mmcv), dict(inputs), cuda=True))
+
+
+@needs_cuda_ep
 def test_deform_conv2d_bad_shapes_are_an_error_status_on_the_cuda_ep():
     x, w, offset, mask, bias, _ = _deform(np.float32, DEFORM_CONFIGS[0])
     inputs = [("X", x), ("W", w), ("offset", offset[:, :-2]), ("B", bias), ("mask", mask)]

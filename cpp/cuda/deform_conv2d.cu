@@ -59,7 +59,7 @@ __global__ void im2col_kernel(const T* __restrict__ input, const T* __restrict__
     const I i = k / kernel_w, j = k - i * kernel_w;
     const int64_t image = first + b;
     const auto point = sample_at<T, I>(s, offset, image, og, k, i, j, p, oy, ox);
-    const T m = mask_at(s, mask, image, og, k, p);
+    const T m = mask_at<T>(s, mask, image, og, k, p);
     // The sample's corners and weights, as BilinearPoint::values and ::value form them for every channel.
     I corner_offset[4];
     T weight[4];
@@ -135,7 +135,7 @@ __global__ void offset_grad_kernel(const T* __restrict__ input, const T* __restr
         point.add_gradients(v, column[static_cast<int64_t>(c) * taps * width], grad_y, grad_x, grad_m);
       }
     }
-    const T m = mask_at(s, mask, image, og, k, p);
+    const T m = mask_at<T>(s, mask, image, og, k, p);
     T* target = grad_offset + ((image * s.offset_groups + og) * taps + k) * 2 * pixels;
     target[p] = grad_y * m;
     target[pixels + p] = grad_x * m;
@@ -161,7 +161,7 @@ __global__ void input_grad_kernel(const T* __restrict__ offset, const T* __restr
     OPBRIDGE_FOR_EACH_TAP(s, k, i, j) {
       const auto point = sample_at<T, I>(s, offset, image, og, k, I(i), I(j), p, oy, ox);
       if (!point.inside) continue;
-      const T scaled = source[k * width] * mask_at(s, mask, image, og, k, p);
+      const T scaled = source[k * width] * mask_at<T>(s, mask, image, og, k, p);
       for (int corner = 0; corner < 4; ++corner) {
         if (point.corner[corner])
           atomicAdd(target + point.index(corner, static_cast<I>(s.width)), point.weight(corner) * scaled);
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kGradTile* kGradTile)
     OPBRIDGE_FOR_EACH_TAP(s, k, i, j) {
       const auto point = sample_at<T, I>(s, offset, image, og, k, I(i), I(j), p, oy, ox);
       if (!point.inside) continue;
-      const T scaled = source[k * width] * mask_at(s, mask, image, og, k, p);
+      const T scaled = source[k * width] * mask_at<T>(s, mask, image, og, k, p);
       for (int corner = 0; corner < 4; ++corner) {
         if (!point.corner[corner]) continue;
         const int64_t y = point.y_low + corner / 2, x = point.x_low + corner % 2;

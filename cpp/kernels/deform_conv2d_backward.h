@@ -60,10 +60,11 @@ struct BilinearPoint {
     return wy * wx;
   }
 
-  // The four corner values (zero outside the image).
-  OPBRIDGE_HD void values(const T* plane, I width, T v[4]) const {
+  // The four corner values (zero outside the image), read from a plane stored as S (T, or a half type widened).
+  template <class S>
+  OPBRIDGE_HD void values(const S* plane, I width, T v[4]) const {
     for (int corner_index = 0; corner_index < 4; ++corner_index)
-      v[corner_index] = corner[corner_index] ? plane[index(corner_index, width)] : T(0);
+      v[corner_index] = corner[corner_index] ? static_cast<T>(plane[index(corner_index, width)]) : T(0);
   }
 
   // The sample's value from its corner values (zero outside).

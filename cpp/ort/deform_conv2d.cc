@@ -47,22 +47,12 @@ struct Cpu {
   }
 };
 
-// float16 on the CPU (the CUDA library's nodes take float and double).
-constexpr auto kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-
-void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  deform_conv2d_adapter::append<Cpu>(ops);
-  ops.push_back(deform_conv2d_adapter::make_op<Cpu, Ort::Float16_t, kHalf>());
-}
+void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) { deform_conv2d_adapter::append<Cpu>(ops); }
 void append_mmcv_modulated_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   deform_conv2d_adapter::append_mmcv_modulated<Cpu>(ops);
-  ops.push_back(deform_conv2d_adapter::make_modulated_op<Cpu, Ort::Float16_t, kHalf>());
 }
 void append_mmcv_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   deform_conv2d_adapter::append_mmcv_v1<Cpu>(ops);
-  ops.push_back(
-      complete_op(Ort::Custom::CreateLiteCustomOp<deform_conv2d_adapter::MmcvDeformConv2d<Cpu, Ort::Float16_t>>(
-          deform_conv2d_adapter::kDcnV1Op, Cpu::kProvider)));
 }
 
 }  // namespace

@@ -84,10 +84,13 @@ Ort::Custom::OrtLiteCustomOp* make_op() {
   return op;
 }
 
+// float, double and float16 (a model after .half()): each device reads float16 as stored or widens it, computes
+// in float32 and rounds once.
 template <class Device>
 void append(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(make_op<Device, float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>());
   ops.push_back(make_op<Device, double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
+  ops.push_back(make_op<Device, Ort::Float16_t, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16>());
 }
 
 // The nodes mmcv's and mmdeploy's exporters write, in the "mmcv" or "mmdeploy" domain, with int attributes
@@ -188,6 +191,7 @@ template <class Device>
 void append_mmcv_modulated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(make_modulated_op<Device, float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>());
   ops.push_back(make_modulated_op<Device, double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
+  ops.push_back(make_modulated_op<Device, Ort::Float16_t, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16>());
 }
 
 template <class Device>
@@ -196,6 +200,8 @@ void append_mmcv_v1(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
       complete_op(Ort::Custom::CreateLiteCustomOp<MmcvDeformConv2d<Device, float>>(kDcnV1Op, Device::kProvider)));
   ops.push_back(
       complete_op(Ort::Custom::CreateLiteCustomOp<MmcvDeformConv2d<Device, double>>(kDcnV1Op, Device::kProvider)));
+  ops.push_back(complete_op(
+      Ort::Custom::CreateLiteCustomOp<MmcvDeformConv2d<Device, Ort::Float16_t>>(kDcnV1Op, Device::kProvider)));
 }
 
 }  // namespace opbridge::ort::deform_conv2d_adapter

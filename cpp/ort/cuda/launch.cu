@@ -63,8 +63,11 @@ const char* ms_deform_attn(const T* value, const int64_t* spatial_shapes, const 
 template <class T>
 const char* deform_conv2d(const T* input, const T* weight, const T* offset, const T* mask, const T* bias, T* out,
                           const kernels::DeformConv2dShape& shape, void* stream) {
-  return message(kernels::cuda::deform_conv2d_forward(input, weight, offset, mask, bias, shape, out,
-                                                      static_cast<cudaStream_t>(stream)));
+  using D = typename Device<T>::type;  // float16 (bits): __half storage, float32 arithmetic
+  return message(kernels::cuda::deform_conv2d_forward(
+      reinterpret_cast<const D*>(input), reinterpret_cast<const D*>(weight), reinterpret_cast<const D*>(offset),
+      reinterpret_cast<const D*>(mask), reinterpret_cast<const D*>(bias), shape, reinterpret_cast<D*>(out),
+      static_cast<cudaStream_t>(stream)));
 }
 
 template <class T>
@@ -205,6 +208,8 @@ template const char* deform_conv2d(const float*, const float*, const float*, con
                                    const kernels::DeformConv2dShape&, void*);
 template const char* deform_conv2d(const double*, const double*, const double*, const double*, const double*, double*,
                                    const kernels::DeformConv2dShape&, void*);
+template const char* deform_conv2d(const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*,
+                                   uint16_t*, const kernels::DeformConv2dShape&, void*);
 
 template const char* grid_sample(const float*, const float*, float*, const kernels::GridSampleShape&,
                                  const kernels::GridSampleAttributes&, void*);

@@ -106,7 +106,10 @@ struct Cuda {
   static void deform_conv2d(const DeformConv2dState&, OrtKernelContext* context, const T* x, const T* w,
                             const T* offset, const T* mask, const T* bias, T* out,
                             const kernels::DeformConv2dShape& shape) {
-    check(cuda::deform_conv2d(x, w, offset, mask, bias, out, shape, stream_of(context)));
+    using B = typename Bits<T>::type;  // float16: read as stored, float32 arithmetic, one rounding
+    check(cuda::deform_conv2d(reinterpret_cast<const B*>(x), reinterpret_cast<const B*>(w),
+                              reinterpret_cast<const B*>(offset), reinterpret_cast<const B*>(mask),
+                              reinterpret_cast<const B*>(bias), reinterpret_cast<B*>(out), shape, stream_of(context)));
   }
 };
 
