@@ -437,3 +437,88 @@ def test_omdet_turbo_exports_a_dynamic_batch_and_size_with_the_torchscript_expor
 
     result = run_case("transformers.OmDetTurboForObjectDetection", True, "legacy", 17)
     assert (result.outcome, result.batch) == ("ok", "dynamic"), result.cause
+
+
+def test_task_embeddings_cut_to_the_longest_prompt_in_the_graph():
+    """OmDet-Turbo's task prompts are cut to the longest one; traced with prompts of 5 tokens, the graph cuts
+    prompts of 8 (and 2) tokens where eager does (the library's ``.item()`` would be the number 5 in the trace)."""
+
+    class Text(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(20, 3)
+
+        def forward(self, ids):
+            return (self.embed(ids).double(),)
+
+    class Tasks(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.text = Text()
+
+        def forward(self, ids, mask):
+            return rewrites.task_embeddings(self.text, ids, mask)
+
+    def prompts(lengths):
+        ids = torch.randint(0, 20, (len(lengths), 9), generator=torch.Generator().manual_seed(len(lengths)))
+        return ids, (torch.arange(9)[None, :] < torch.tensor(lengths)[:, None]).long()
+
+    module = Tasks()
+    with torch.no_grad():
+        traced = torch.jit.trace(module, prompts([5, 3]))
+        for lengths in ([5, 3], [8, 2, 4], [2]):
+            ids, mask = prompts(lengths)
+            pooled = module.text(ids)[0]
+            width = max(lengths)  # the library's cut: the longest prompt
+            expected = (pooled[:, :width].transpose(0, 1), mask[:, :width])
+            for found in (module(ids, mask), traced(ids, mask)):
+                assert all(torch.equal(f, e) for f, e in zip(found, expected, strict=True)), lengths
+
+
+def test_omdet_turbo_with_its_prompts_as_inputs_exports_a_dynamic_batch_class_count_and_prompt_length(tmp_path):
+    """Prompts as graph inputs (the deployment where the classes change per call), TorchScript exporter: exported
+    at batch 2 with 3 classes an image and 5-token tasks, ONNX Runtime at batch 3 with 4 classes and 7-token tasks
+    matches eager."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    import opbridge_ort
+
+    model, _ = _tiny("transformers.OmDetTurboForObjectDetection")
+    inner = next(m for m in model.modules() if "get_language_embedding" in dir(type(m)))
+
+    class Prompted(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = inner
+
+        def forward(self, pixel_values, classes, tasks, task_mask, structure):
+            for name in ("language_cache_class", "language_cache_prompt"):  # eager calls fill them
+                setattr(self.model, name, type(getattr(self.model, name))(self.model.config.cache_size))
+            out = self.model(pixel_values=pixel_values, classes_input_ids=classes,
+                             classes_attention_mask=torch.ones_like(classes), tasks_input_ids=tasks,
+                             tasks_attention_mask=task_mask, classes_structure=structure)  # fmt: skip
+            return out.decoder_class_logits
+
+    def feeds(batch, classes, task_length, seed):
+        generator = torch.Generator().manual_seed(seed)
+        tasks = torch.randint(3, 99, (batch, 8), generator=generator)
+        return (
+            torch.rand(batch, 3, 224, 224, generator=generator),
+            torch.randint(3, 99, (batch * classes, 7), generator=generator),
+            tasks,
+            (torch.arange(8)[None, :] < task_length).long().expand(batch, -1).contiguous(),
+            torch.full((batch,), classes),
+        )
+
+    names = ["pixel_values", "classes", "tasks", "task_mask", "structure"]
+    dims = {name: {0: "classes" if name == "classes" else "batch"} for name in names}
+    wrapper, other = Prompted().eval(), feeds(3, 4, 7, 1)
+    path = tmp_path / "omdet.onnx"
+    with opbridge.patch_model(inner), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = wrapper(*other)
+        torch.onnx.export(wrapper, feeds(2, 3, 5, 0), str(path), dynamo=False, opset_version=17, input_names=names,
+                          dynamic_axes=dims)  # fmt: skip
+    session = onnxruntime.InferenceSession(str(path), opbridge_ort.session_options())
+    graph_inputs = {i.name for i in session.get_inputs()}
+    (found,) = session.run(None, {n: v.numpy() for n, v in zip(names, other, strict=True) if n in graph_inputs})
+    torch.testing.assert_close(torch.from_numpy(found), expected, rtol=1e-3, atol=1e-4)

@@ -38,7 +38,14 @@ import types
 
 import torch
 
-__all__ = ["SizeAwareTorch", "apply", "apply_to_language_embeddings", "apply_to_layers", "regroup_by_size"]
+__all__ = [
+    "SizeAwareTorch",
+    "apply",
+    "apply_to_language_embeddings",
+    "apply_to_layers",
+    "regroup_by_size",
+    "task_embeddings",
+]
 
 
 def _symbolic(size) -> bool:
@@ -291,15 +298,25 @@ def _forgetting_forward(cls: type):
 #: OmDet-Turbo's text embeddings (transformers' ``get_language_embedding``) go through content-keyed caches, one
 #: loop pass per prompt (``.tolist()`` of each prompt's tokens is the key), and regroup the class embeddings image by
 #: image in a loop over ``classes_structure``: an exporter unrolls both loops for the exported batch, and a cache
-#: filled by an eager call before the export would make its embeddings constants of the graph. The rewrite computes
-#: the same embeddings from the inputs while an exporter traces (one text-model call for the classes, one for the
-#: tasks, the regrouping as one gather); in eager mode (and under torch.compile) the library's own method runs,
-#: caches and all. These lines of the installed code are what it relies on; where one is missing it is not applied.
+#: filled by an eager call before the export would make its embeddings constants of the graph. The task prompts'
+#: embeddings are cut to the longest prompt with ``.item()``, which the TorchScript tracer makes a number: a longer
+#: prompt at run time would be cut to the exported prompt's length. The rewrite computes the same embeddings from
+#: the inputs while an exporter traces (one text-model call for the classes, one for the tasks, cut to a length
+#: computed in the graph, the regrouping as one gather); in eager mode (and under torch.compile) the library's own
+#: method runs, caches and all. These lines of the installed code (the model's methods, the language backbone's
+#: forward) are what it relies on; where one is missing it is not applied.
 _LANGUAGE_EMBEDDING_LINES = {
     "get_language_embedding": ("for size in classes_structure", "pad_size = max_class_size - size"),
     "get_cached_class_embeddings": ('self.language_backbone(not_cached_classes_ids, encode_type="class")',),
     "get_cached_task_embeddings": ('encode_type="task"', "torch.cat(total_task_features, dim=1)"),
 }
+_LANGUAGE_BACKBONE_LINES = (
+    "text_outputs = self.model(hidden_states)",
+    "pooled_output = text_outputs[0]",
+    "max_len = (mask != 0).sum(1).max().item()",
+    "truncated_output = pooled_output[:, :max_len, :]",
+    "return truncated_output.transpose(0, 1), truncated_mask",
+)
 
 
 def regroup_by_size(embeddings: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
@@ -318,14 +335,26 @@ def _exporting() -> bool:
     return torch.jit.is_tracing() or torch.compiler.is_exporting()
 
 
+def task_embeddings(text_model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor):
+    """OmDet-Turbo's task prompt embeddings ([length, batch, D]) and mask ([batch, length]), cut to the longest
+    prompt (``length``, the most nonzero mask entries of a row) in the graph: what its language backbone computes
+    with ``.item()``, which the TorchScript tracer would make the exported prompt's length."""
+    pooled = text_model(ids)[0]
+    keep = torch.arange((mask != 0).sum(1).max(), device=mask.device)
+    return pooled.index_select(1, keep).transpose(0, 1), mask.index_select(1, keep)
+
+
 @functools.cache
-def _language_embedding_rewrite(cls: type):
+def _language_embedding_rewrite(cls: type, backbone: type):
     """``cls.get_language_embedding``, computed without the caches and loops while an exporter traces; None where
-    the installed code is not the code the rewrite serves (``_LANGUAGE_EMBEDDING_LINES``)."""
+    the installed code is not the code the rewrite serves (``_LANGUAGE_EMBEDDING_LINES``, and
+    ``_LANGUAGE_BACKBONE_LINES`` in the forward of ``backbone``, the language backbone's class)."""
     for method, lines in _LANGUAGE_EMBEDDING_LINES.items():
         source = _source(getattr(cls, method, None)) or ""
         if not all(line in source for line in lines):
             return None
+    if not all(line in (_source(getattr(backbone, "forward", None)) or "") for line in _LANGUAGE_BACKBONE_LINES):
+        return None
     original = cls.get_language_embedding
 
     @functools.wraps(original)
@@ -333,7 +362,7 @@ def _language_embedding_rewrite(cls: type):
         if not _exporting():
             return original(self, classes_ids, classes_mask, tasks_ids, tasks_mask, classes_structure)
         classes = self.language_backbone(classes_ids, encode_type="class")
-        tasks, task_mask = self.language_backbone(tasks_ids, mask=tasks_mask, encode_type="task")
+        tasks, task_mask = task_embeddings(self.language_backbone.model, tasks_ids, tasks_mask)
         return regroup_by_size(classes, classes_structure), tasks, task_mask
 
     return get_language_embedding
@@ -348,7 +377,9 @@ def apply_to_language_embeddings(model: torch.nn.Module, patch) -> None:
         owner = next((k for k in cls.__mro__ if "get_language_embedding" in vars(k)), None)
         if owner is None or not owner.__module__.startswith("transformers.") or "get_language_embedding" in vars(layer):
             continue
-        rewrite = _language_embedding_rewrite(cls)
+        if not isinstance(getattr(layer, "language_backbone", None), torch.nn.Module):
+            continue  # the method is inherited (OmDet-Turbo's decoder) by a module that has no text model to call
+        rewrite = _language_embedding_rewrite(cls, type(layer.language_backbone))
         if rewrite is None:
             import warnings
 
