@@ -132,6 +132,31 @@ def test_size_aware_linspace_follows_the_size_under_both_exporters(dtype):
         assert torch.equal(traced(torch.randn(1, 2, h, w, dtype=dtype)), expected(h, w))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_size_aware_linspace_of_a_half_model_exports_with_the_torchscript_exporter(tmp_path, dtype):
+    """A half model's grids (patch_model on a model after .half()): the TorchScript exporter has no arange of a
+    traced count in a half type, so the shim counts in int64; ONNX Runtime at another size gives torch's own half
+    linspace (computed in float32, rounded once)."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    path = tmp_path / "grids.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_Grids(), (torch.randn(1, 2, 12, 20, dtype=dtype),), str(path), dynamo=False,
+                          opset_version=17, input_names=["x"], dynamic_axes={"x": {2: "h", 3: "w"}})  # fmt: skip
+    import onnx
+
+    (output,) = onnx.load(str(path)).graph.output
+    assert output.type.tensor_type.elem_type == {torch.float16: onnx.TensorProto.FLOAT16,
+                                                 torch.bfloat16: onnx.TensorProto.BFLOAT16}[dtype]  # fmt: skip
+    if dtype == torch.float16:  # numpy has no bfloat16 to feed ONNX Runtime with
+        h, w = 30, 18
+        expected = torch.cat([torch.linspace(0.5, h - 0.5, h, dtype=dtype), torch.linspace(0, w - 1, w, dtype=dtype),
+                              torch.arange(w).to(dtype)])  # fmt: skip
+        session = onnxruntime.InferenceSession(str(path))
+        (found,) = session.run(None, {"x": torch.randn(1, 2, h, w, dtype=dtype).numpy()})
+        assert torch.equal(torch.from_numpy(found), expected)
+
+
 def test_modules_whose_torch_is_not_torch_are_left_alone(monkeypatch):
     module = types.ModuleType("transformers.models.opbridge_test.modeling_opbridge_test")
     module.torch = types.SimpleNamespace(linspace=torch.linspace)  # another library's shim

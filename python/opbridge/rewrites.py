@@ -139,8 +139,13 @@ class SizeAwareTorch(types.ModuleType):
         # start + i * (end - start) / (steps - 1), i < steps: the same numbers (the step of a grid of cell centres
         # or corners is 1, exact), with the count a symbolic or traced size.
         dtype = kwargs.get("dtype") or torch.get_default_dtype()
-        work = dtype if dtype.is_floating_point else torch.float64  # an integer linspace truncates, as torch's
-        index = torch.arange(steps, device=kwargs.get("device"), dtype=work)
+        # Half types compute in float32 and round once, as torch's own linspace does; an integer linspace truncates
+        # a float64 one, as torch's. The index is an int64 arange cast to that type: the TorchScript exporter has
+        # no arange of a traced count in a half type ("tensor does not have a device").
+        work = dtype if dtype in (torch.float32, torch.float64) else torch.float64
+        if dtype.is_floating_point and dtype not in (torch.float32, torch.float64):
+            work = torch.float32
+        index = torch.arange(steps, device=kwargs.get("device"), dtype=torch.int64).to(work)
         if isinstance(steps, torch.Tensor):
             step = torch.as_tensor(end - start, dtype=torch.float64) / (steps - 1).clamp(min=1).to(torch.float64)
             return (index * step.to(work) + start).to(dtype)

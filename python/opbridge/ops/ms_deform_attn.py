@@ -424,6 +424,13 @@ class _Graph:
         b = self.b
         return b.op("Concat", *(b.constant(list(p)) if isinstance(p, tuple) else p for p in parts), axis=0)
 
+    def reshape(self, data, *parts):
+        """data to the shape of ``parts`` (see shape()). From opset 14 a 0 in it is a size (``allowzero``): by
+        default Reshape takes a 0 for "the input's size there", which for a run with 0 queries is another axis."""
+        b = self.b
+        zeros = {"allowzero": 1} if b.opset >= 14 else {}
+        return b.op("Reshape", data, self.shape(*parts), **zeros)
+
     def scalar(self, one_d):
         return self.b.op("Reshape", one_d, self.b.constant([]))
 
@@ -483,23 +490,22 @@ def _grid_sample(b, value, spatial_shapes, level_start_index, locations, weights
     planes = b.op("Transpose", value, perm=[0, 2, 3, 1])  # [N, M, D, S]
     # locations [N, Lq, M, L, P, 2] -> [N, M, Lq, L, P, 2] in [-1, 1]
     grids = b.op("Transpose", b.op("Sub", b.op("Mul", locations, g.const(2.0)), g.const(1.0)), perm=[0, 2, 1, 3, 4, 5])
-    grid_shape = g.shape(nm_1d, g.lq_1d, g.p_1d, (2,))
     # weights [N, Lq, M, L, P] -> [N*M, 1, Lq, L, P]
-    attention = b.op("Reshape", b.op("Transpose", weights, perm=[0, 2, 1, 3, 4]),
-                     g.shape(nm_1d, (1,), g.lq_1d, (levels,), g.p_1d))  # fmt: skip
+    attention = g.reshape(b.op("Transpose", weights, perm=[0, 2, 1, 3, 4]), nm_1d, (1,), g.lq_1d, (levels,), g.p_1d)
     mode = "linear" if b.opset >= 20 else "bilinear"
     terms = []
     for level in range(levels):
         at = b.constant([level])
         hw = b.op("Gather", shapes, b.constant(level), axis=0)  # [2]
         plane = b.op("Slice", planes, b.op("Gather", starts, at), b.op("Gather", ends, at), b.constant([3]))
-        plane = b.op("Reshape", plane, g.shape(nm_1d, g.d_1d, hw))  # [NM, D, H, W]
-        grid = b.op("Reshape", b.op("Gather", grids, b.constant(level), axis=3), grid_shape)  # [NM, Lq, P, 2]
+        plane = g.reshape(plane, nm_1d, g.d_1d, hw)  # [NM, D, H, W]
+        grid = b.op("Gather", grids, b.constant(level), axis=3)
+        grid = g.reshape(grid, nm_1d, g.lq_1d, g.p_1d, (2,))  # [NM, Lq, P, 2]
         sampled = b.op("GridSample", plane, grid, align_corners=0, mode=mode, padding_mode="zeros")  # [NM, D, Lq, P]
         weight = b.op("Gather", attention, b.constant(level), axis=3)  # [NM, 1, Lq, P]
         terms.append(g.reduce_sum(b.op("Mul", sampled, weight), [3]))  # [NM, D, Lq]
     out = b.op("Sum", *terms) if levels > 1 else terms[0]
-    out = b.op("Reshape", out, g.shape(g.n_1d, b.op("Mul", g.m_1d, g.d_1d), g.lq_1d))
+    out = g.reshape(out, g.n_1d, b.op("Mul", g.m_1d, g.d_1d), g.lq_1d)
     return b.op("Transpose", out, perm=[0, 2, 1])
 
 
@@ -535,7 +541,7 @@ def _gathered(b, value, spatial_shapes, level_start_index, locations, weights):
     # The row of (n, key, m) is (n * S + key) * M + m; key = start + cy * W + cx.
     batch_base = b.op("Reshape", b.op("Mul", b.iota(g.scalar(g.n_1d)), g.scalar(g.s_1d)), i64([-1, 1, 1, 1, 1]))
     head_of_row = b.op("Reshape", b.iota(heads), i64([-1, 1, 1]))  # broadcasts over [N, Lq, M, L, P]
-    rows = b.op("Reshape", value, g.shape(b.op("Mul", b.op("Mul", g.n_1d, g.s_1d), g.m_1d), g.d_1d))  # [N*S*M, D]
+    rows = g.reshape(value, b.op("Mul", b.op("Mul", g.n_1d, g.s_1d), g.m_1d), g.d_1d)  # [N*S*M, D]
     terms = []
     for dy, dx, wy, wx in ((0, 0, hy, hx), (0, 1, hy, lx), (1, 0, ly, hx), (1, 1, ly, lx)):
         cx = b.op("Add", x0, g.const(float(dx))) if dx else x0
@@ -553,7 +559,7 @@ def _gathered(b, value, spatial_shapes, level_start_index, locations, weights):
         row = b.op("Add", b.op("Mul", b.op("Add", batch_base, key), heads), head_of_row)
         terms.append(b.op("Mul", b.op("Gather", rows, row, axis=0), g.unsqueeze(weight, 5)))  # [N, Lq, M, L, P, D]
     out = g.reduce_sum(b.op("Sum", *terms), [3, 4])  # [N, Lq, M, D]
-    return b.op("Reshape", out, g.shape(g.n_1d, g.lq_1d, b.op("Mul", g.m_1d, g.d_1d)))
+    return g.reshape(out, g.n_1d, g.lq_1d, b.op("Mul", g.m_1d, g.d_1d))
 
 
 def _value_typed(lowering):
