@@ -259,8 +259,9 @@ def test_deform_conv2d_on_the_cuda_ep(config, dtype):
             np.testing.assert_allclose(_run(model, dict(inputs), cuda=True), expected, rtol=tol, atol=tol)
     elif bias is None:
         inputs = [("input", x), ("offset", offset), ("weight", w)]
-        model = _model("MMCVDeformConv2d", "mmcv", inputs, ELEMENT[dtype], mmcv)
-        np.testing.assert_allclose(_run(model, dict(inputs), cuda=True), expected, rtol=tol, atol=tol)
+        for domain in ("mmcv", "mmdeploy"):
+            model = _model("MMCVDeformConv2d", domain, inputs, ELEMENT[dtype], mmcv)
+            np.testing.assert_allclose(_run(model, dict(inputs), cuda=True), expected, rtol=tol, atol=tol)
 
 
 @needs_cuda_ep
@@ -297,7 +298,9 @@ def test_deform_conv2d_float16_nodes_run_on_the_gpu_and_round_the_float64_value_
             check(_run(model, dict(inputs), cuda=True))
     elif bias is None:
         inputs = [("input", x), ("offset", offset), ("weight", w)]
-        check(_run(_model("MMCVDeformConv2d", "mmcv", inputs, ELEMENT[np.float16], mmcv), dict(inputs), cuda=True))
+        for domain in ("mmcv", "mmdeploy"):
+            model = _model("MMCVDeformConv2d", domain, inputs, ELEMENT[np.float16], mmcv)
+            check(_run(model, dict(inputs), cuda=True))
 
 
 @needs_cuda_ep

@@ -148,10 +148,14 @@ def test_size_aware_linspace_of_a_half_model_exports_with_the_torchscript_export
     (output,) = onnx.load(str(path)).graph.output
     assert output.type.tensor_type.elem_type == {torch.float16: onnx.TensorProto.FLOAT16,
                                                  torch.bfloat16: onnx.TensorProto.BFLOAT16}[dtype]  # fmt: skip
+    h, w = 30, 18
+    expected = torch.cat([torch.linspace(0.5, h - 0.5, h, dtype=dtype), torch.linspace(0, w - 1, w, dtype=dtype),
+                          torch.arange(w).to(dtype)])  # fmt: skip
+    with warnings.catch_warnings():  # the traced graph the exporter translated, at another size
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(_Grids(), (torch.randn(1, 2, 12, 20, dtype=dtype),))
+    assert torch.equal(traced(torch.randn(1, 2, h, w, dtype=dtype)), expected)
     if dtype == torch.float16:  # numpy has no bfloat16 to feed ONNX Runtime with
-        h, w = 30, 18
-        expected = torch.cat([torch.linspace(0.5, h - 0.5, h, dtype=dtype), torch.linspace(0, w - 1, w, dtype=dtype),
-                              torch.arange(w).to(dtype)])  # fmt: skip
         session = onnxruntime.InferenceSession(str(path))
         (found,) = session.run(None, {"x": torch.randn(1, 2, h, w, dtype=dtype).numpy()})
         assert torch.equal(torch.from_numpy(found), expected)

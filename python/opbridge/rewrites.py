@@ -366,9 +366,9 @@ def _language_embedding_rewrite(cls: type, backbone: type):
     def get_language_embedding(self, classes_ids, classes_mask, tasks_ids, tasks_mask, classes_structure):
         if not _exporting():
             return original(self, classes_ids, classes_mask, tasks_ids, tasks_mask, classes_structure)
-        classes = self.language_backbone(classes_ids, encode_type="class")
+        classes = self.language_backbone(classes_ids, encode_type="class").to(self.device)
         tasks, task_mask = task_embeddings(self.language_backbone.model, tasks_ids, tasks_mask)
-        return regroup_by_size(classes, classes_structure), tasks, task_mask
+        return regroup_by_size(classes, classes_structure), tasks.to(self.device), task_mask.to(self.device)
 
     return get_language_embedding
 
@@ -391,7 +391,7 @@ def apply_to_language_embeddings(model: torch.nn.Module, patch) -> None:
             warnings.warn(
                 f"opbridge.patch_model: {cls.__module__}.{cls.__qualname__}.get_language_embedding is not the code "
                 "opbridge's export rewrite serves (another transformers release): left as it is, so an export "
-                "keeps the batch it was exported with",
+                "keeps the batch it was exported with (ONNX Runtime refuses another batch)",
                 UserWarning,
                 stacklevel=3,
             )

@@ -424,11 +424,12 @@ class _Graph:
         b = self.b
         return b.op("Concat", *(b.constant(list(p)) if isinstance(p, tuple) else p for p in parts), axis=0)
 
-    def reshape(self, data, *parts):
-        """data to the shape of ``parts`` (see shape()). From opset 14 a 0 in it is a size (``allowzero``): by
-        default Reshape takes a 0 for "the input's size there", which for a run with 0 queries is another axis."""
+    def reshape(self, data, *parts, allowzero: bool = False):
+        """data to the shape of ``parts`` (see shape()). ``allowzero`` (opset >= 14) where a 0 in it must be a size:
+        Reshape takes a 0 for "the input's size there" by default, which is right wherever a 0 can only stand where
+        the input has one too, and wrong where it can move to another axis (0 queries in GridSample's grid)."""
         b = self.b
-        zeros = {"allowzero": 1} if b.opset >= 14 else {}
+        zeros = {"allowzero": 1} if allowzero and b.opset >= 14 else {}
         return b.op("Reshape", data, self.shape(*parts), **zeros)
 
     def scalar(self, one_d):
@@ -498,9 +499,9 @@ def _grid_sample(b, value, spatial_shapes, level_start_index, locations, weights
         at = b.constant([level])
         hw = b.op("Gather", shapes, b.constant(level), axis=0)  # [2]
         plane = b.op("Slice", planes, b.op("Gather", starts, at), b.op("Gather", ends, at), b.constant([3]))
-        plane = g.reshape(plane, nm_1d, g.d_1d, hw)  # [NM, D, H, W]
+        plane = g.reshape(plane, nm_1d, g.d_1d, hw, allowzero=True)  # [NM, D, H, W]
         grid = b.op("Gather", grids, b.constant(level), axis=3)
-        grid = g.reshape(grid, nm_1d, g.lq_1d, g.p_1d, (2,))  # [NM, Lq, P, 2]
+        grid = g.reshape(grid, nm_1d, g.lq_1d, g.p_1d, (2,), allowzero=True)  # [NM, Lq, P, 2]: Lq may be 0
         sampled = b.op("GridSample", plane, grid, align_corners=0, mode=mode, padding_mode="zeros")  # [NM, D, Lq, P]
         weight = b.op("Gather", attention, b.constant(level), axis=3)  # [NM, 1, Lq, P]
         terms.append(g.reduce_sum(b.op("Mul", sampled, weight), [3]))  # [NM, D, Lq]

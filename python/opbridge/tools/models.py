@@ -175,8 +175,13 @@ class _HuggingFaceWrapper(torch.nn.Module):
             value = getattr(self, f"extra_{name}")
             extra[name] = value.repeat(batch, *([1] * (value.dim() - 1)))
         out = self.model(pixel_values=pixel_values, **extra)
-        hidden = getattr(out, "last_hidden_state", None)
-        return hidden if hidden is not None else out[0]
+        # The first output that goes through the model's deformable attention: Mask2Former's first output is its
+        # backbone's last map, which the exporters would export without the pixel decoder.
+        for field in ("last_hidden_state", "pixel_decoder_last_hidden_state"):
+            hidden = getattr(out, field, None)
+            if hidden is not None:
+                return hidden
+        return out[0]
 
 
 class _Predictions(torch.nn.Module):
