@@ -58,6 +58,11 @@ def _size_tensor(size, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.full((), size, dtype=dtype, device=device)
 
 
+def _exporting() -> bool:
+    """Whether an exporter traces: the TorchScript tracer or torch.export (not torch.compile, not eager mode)."""
+    return torch.jit.is_tracing() or torch.compiler.is_exporting()
+
+
 class _ExportAwareJit(types.ModuleType):
     """``torch.jit``, except that ``is_tracing()`` is also true while torch.export traces: transformers' models take
     their export-friendly branch under tracing ("always interpolate when tracing", DINOv2's position embeddings in
@@ -71,7 +76,7 @@ class _ExportAwareJit(types.ModuleType):
 
     @staticmethod
     def is_tracing() -> bool:
-        return torch.jit.is_tracing() or torch.compiler.is_exporting()
+        return _exporting()
 
 
 class SizeAwareTorch(types.ModuleType):
@@ -334,10 +339,6 @@ def regroup_by_size(embeddings: torch.Tensor, sizes: torch.Tensor) -> torch.Tens
     row = row.clamp(max=embeddings.shape[0] - 1).clamp(min=0)
     gathered = embeddings[row]
     return torch.where((slot < sizes[None, :])[..., None], gathered, gathered.new_zeros(()))
-
-
-def _exporting() -> bool:
-    return torch.jit.is_tracing() or torch.compiler.is_exporting()
 
 
 def task_embeddings(text_model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor):
