@@ -115,13 +115,14 @@ def test_inspect_says_which_nodes_run_on_the_cuda_provider(tmp_path):
         helper.make_node("grid_sampler", ["x", "g"], ["s"], domain="mmcv"),
         helper.make_node("NmsRotated", ["b", "sc"], ["keep"], domain="opbridge"),
         helper.make_node("NMSRotated", ["b3", "sc3"], ["selected"], domain="mmdeploy"),
+        helper.make_node("cummax", ["x"], ["values", "indices"], domain="mmcv", dim=0),
         helper.make_node("Relu", ["s"], ["y"]),
     ]
     graph = helper.make_graph(
         nodes,
         "g",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("x", "g", "b", "sc", "b3", "sc3")],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "keep", "selected")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "keep", "selected", "values")],
     )
     imports = [helper.make_opsetid(d, v) for d, v in (("", 17), ("mmcv", 1), ("opbridge", 1), ("mmdeploy", 1))]
     _, reports = inspect_model(helper.make_model(graph, opset_imports=imports))
@@ -129,7 +130,8 @@ def test_inspect_says_which_nodes_run_on_the_cuda_provider(tmp_path):
     has_cuda_library = opbridge_ort.cuda_library_path() is not None
     assert cuda[("mmcv", "grid_sampler")] == ("yes" if has_cuda_library else "no")
     assert cuda[("opbridge", "NmsRotated")] == ("yes" if has_cuda_library else "no")
-    assert cuda[("mmdeploy", "NMSRotated")] == "no"  # a node the CUDA library does not have
+    assert cuda[("mmdeploy", "NMSRotated")] == ("yes" if has_cuda_library else "no")
+    assert cuda[("mmcv", "cummax")] == "no"  # a node the CUDA library does not have
     assert cuda[("", "Relu")] == ("yes" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "?")
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=imports), str(path))

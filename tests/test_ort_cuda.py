@@ -330,7 +330,7 @@ def test_the_ort_cuda_library_registers_its_nodes_and_inspect_sees_them():
                  ("opbridge", "RoiAlignRotated"), ("mmcv", "MMCVRoIAlignRotated"), ("mmdeploy", "MMCVRoIAlignRotated"),
                  ("opbridge", "RotatedFeatureAlign"), ("mmcv", "MMCVRotatedFeatureAlign"),
                  ("opbridge", "BoxIouRotated"), ("mmcv", "MMCVRoiAlign"), ("mmdeploy", "MMCVRoiAlign"),
-                 ("mmcv", "NonMaxSuppression"), ("opbridge", "NmsRotated")]:  # fmt: skip
+                 ("mmcv", "NonMaxSuppression"), ("opbridge", "NmsRotated"), ("mmdeploy", "NMSRotated")]:  # fmt: skip
         assert node in nodes, node
     # Every CUDA node is also a CPU node of the main library (the CPU provider is the fallback).
     cpu = {("opbridge", op) for op in opbridge_ort.ops()} | set(opbridge_ort.foreign_ops())
@@ -542,3 +542,41 @@ def test_nms_rotated_node_on_the_cuda_ep(count, labelled, dtype):
                                     None if labels is None else torch.from_numpy(labels))[1].numpy()  # fmt: skip
     np.testing.assert_array_equal(_run(model, feeds, cuda=True), expected)
     np.testing.assert_array_equal(_run(model, feeds, cuda=False), expected)
+
+
+def _per_class_nms_rotated(boxes, scores, iou_threshold, score_threshold):
+    """mmdeploy's NMSRotated as a loop over (batch, class) of opbridge.nms_rotated on the CPU: rows (b, c, box)."""
+    import opbridge
+
+    rows = []
+    for b in range(scores.shape[0]):
+        for c in range(scores.shape[1]):
+            (candidates,) = np.nonzero(scores[b, c] > score_threshold)
+            if candidates.size == 0:
+                continue
+            chosen = torch.from_numpy(boxes[b][candidates]), torch.from_numpy(scores[b, c][candidates])
+            keep = opbridge.nms_rotated(*chosen, iou_threshold)[1].numpy()
+            rows += [(b, c, int(candidates[k])) for k in keep]
+    return np.array(rows, np.int64).reshape(-1, 3)
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize(("batch", "classes", "count"), [(1, 1, 1), (2, 3, 64), (2, 4, 65), (1, 15, 300), (3, 70, 20)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mmdeploy_nms_rotated_on_the_cuda_ep(batch, classes, count, dtype):
+    """mmdeploy::NMSRotated (mmrotate's detectors) on the GPU: per (batch, class), the boxes above score_threshold
+    suppressed among themselves; the rows equal a per-class loop of opbridge.nms_rotated and the CPU node's, in
+    order (ties, a NaN score and a NaN box included; every score below the threshold: no rows)."""
+    rng = np.random.default_rng(batch * 1000 + classes * 10 + count)
+    boxes = np.stack([_clustered_boxes(rng, count, 5) for _ in range(batch)]).astype(dtype)
+    scores = rng.uniform(0, 1, (batch, classes, count)).round(2).astype(dtype)  # rounding makes ties
+    if count > 3:
+        scores[0, 0, 1], boxes[0, 2, 0] = np.nan, np.nan
+    feeds = {"boxes": boxes, "scores": scores}
+    for iou_threshold, score_threshold in ((0.3, 0.05), (0.1, 0.5), (0.7, -1.0), (0.3, 1.0)):
+        model = _model("NMSRotated", "mmdeploy", [("boxes", boxes), ("scores", scores)], TensorProto.INT64,
+                       dict(iou_threshold=iou_threshold, score_threshold=score_threshold))  # fmt: skip
+        expected = _per_class_nms_rotated(boxes, scores, iou_threshold, score_threshold)
+        assert score_threshold < 1.0 or expected.shape == (0, 3)
+        np.testing.assert_array_equal(_run(model, feeds, cuda=True), expected)
+        np.testing.assert_array_equal(_run(model, feeds, cuda=False), expected)

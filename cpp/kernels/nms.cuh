@@ -72,10 +72,14 @@ __global__ void gather_kernel(Prepare prepare, const int64_t* __restrict__ group
 }
 
 // mask[r * words + w] bit b: box w * 64 + b (in sorted order, after r) is in r's group and r suppresses it. Blocks
-// (column block, row block) with column block >= row block; the words left of the diagonal are never read.
+// (column block, row block) with column block >= row block; the words left of the diagonal are never read. With
+// `tasks` > 1 (batched suppression), task t's boxes are [t * count, (t + 1) * count) and its rows
+// [t * count * words, ...) of the mask; only its first valid[t] boxes take part (valid null: all `count`), and
+// the words past them are never written nor read. groups null: every box of a task in one group.
 template <class Box, class Overlaps>
-__global__ void mask_kernel(const Box* __restrict__ boxes, const int64_t* __restrict__ groups, int64_t count,
-                            int64_t words, Overlaps overlaps, uint64_t* mask) {
+__global__ void mask_kernel(const Box* __restrict__ boxes, const int64_t* __restrict__ groups,
+                            const unsigned* __restrict__ valid, int64_t tasks, int64_t count, int64_t words,
+                            Overlaps overlaps, uint64_t* mask) {
   const int64_t row_block = blockIdx.y, col_block = blockIdx.x;
   if (col_block < row_block) return;
   // Raw storage: a __shared__ array may not have a constructor (a box type's members may have initializers).
@@ -83,49 +87,60 @@ __global__ void mask_kernel(const Box* __restrict__ boxes, const int64_t* __rest
   auto* columns = reinterpret_cast<Box*>(storage);
   __shared__ int64_t column_groups[kBlockBoxes];
   const int64_t col_start = col_block * kBlockBoxes;
-  const int col_count = static_cast<int>(std::min<int64_t>(kBlockBoxes, count - col_start));
-  if (threadIdx.x < col_count) {
-    columns[threadIdx.x] = boxes[col_start + threadIdx.x];
-    column_groups[threadIdx.x] = groups[col_start + threadIdx.x];
+  for (int64_t task = blockIdx.z; task < tasks; task += gridDim.z) {  // the same in every thread of the block
+    const int64_t n = valid != nullptr ? static_cast<int64_t>(valid[task]) : count;
+    if (col_start >= n) continue;
+    const int col_count = static_cast<int>(std::min<int64_t>(kBlockBoxes, n - col_start));
+    const int64_t base = task * count;
+    __syncthreads();  // the previous task's columns are read before they are replaced
+    if (threadIdx.x < col_count) {
+      columns[threadIdx.x] = boxes[base + col_start + threadIdx.x];
+      column_groups[threadIdx.x] = groups != nullptr ? groups[base + col_start + threadIdx.x] : 0;
+    }
+    __syncthreads();
+    const int64_t r = row_block * kBlockBoxes + threadIdx.x;
+    if (r >= n) continue;
+    const Box row = boxes[base + r];
+    const int64_t group = groups != nullptr ? groups[base + r] : 0;
+    uint64_t bits = 0;
+    for (int b = row_block == col_block ? static_cast<int>(threadIdx.x) + 1 : 0; b < col_count; ++b) {
+      if (column_groups[b] == group && overlaps(row, columns[b])) bits |= uint64_t(1) << b;
+    }
+    mask[(base + r) * words + col_block] = bits;
   }
-  __syncthreads();
-  const int64_t r = row_block * kBlockBoxes + threadIdx.x;
-  if (r >= count) return;
-  const Box row = boxes[r];
-  const int64_t group = groups[r];
-  uint64_t bits = 0;
-  for (int b = row_block == col_block ? static_cast<int>(threadIdx.x) + 1 : 0; b < col_count; ++b) {
-    if (column_groups[b] == group && overlaps(row, columns[b])) bits |= uint64_t(1) << b;
-  }
-  mask[r * words + col_block] = bits;
 }
 
-// The greedy pass, in one block: box r (sorted order) is kept unless an earlier kept box's mask row has its bit;
-// `removed` (zeroed, one word a column block) collects the kept boxes' rows. Writes the kept boxes' input indices
-// in order to `keep` and their number to `kept`.
+// The greedy pass, one block a task: box r (sorted order) is kept unless an earlier kept box's mask row has its
+// bit; `removed` (zeroed, `words` words a task) collects the kept boxes' rows. Writes task t's kept boxes' input
+// indices (order[t * count + r]) in order from keep[t * count] and their number to kept[t]. valid as mask_kernel's.
 // (A template, so that every file including this header may instantiate it.)
 template <class Word = uint64_t>
-__global__ void keep_kernel(const Word* __restrict__ mask, const int64_t* __restrict__ order, int64_t count,
-                            int64_t words, Word* removed, int64_t* keep, int64_t* kept) {
+__global__ void keep_kernel(const Word* __restrict__ mask, const int64_t* __restrict__ order,
+                            const unsigned* __restrict__ valid, int64_t count, int64_t words, Word* removed,
+                            int64_t* keep, int64_t* kept) {
   __shared__ Word current;
+  const int64_t task = blockIdx.x, base = task * count;
+  const int64_t boxes = valid != nullptr ? static_cast<int64_t>(valid[task]) : count;
+  const int64_t used = (boxes + kBlockBoxes - 1) / kBlockBoxes;  // the task's words
+  Word* task_removed = removed + task * words;
   int64_t n = 0;
-  for (int64_t w = 0; w < words; ++w) {
-    if (threadIdx.x == 0) current = removed[w];
+  for (int64_t w = 0; w < used; ++w) {
+    if (threadIdx.x == 0) current = task_removed[w];
     __syncthreads();
     Word word = current;  // the same in every thread: each updates its copy from the same rows
-    const int64_t end = std::min<int64_t>(kBlockBoxes, count - w * kBlockBoxes);
+    const int64_t end = std::min<int64_t>(kBlockBoxes, boxes - w * kBlockBoxes);
     for (int b = 0; b < end; ++b) {
       if ((word >> b) & 1) continue;
-      const int64_t r = w * kBlockBoxes + b;
-      if (threadIdx.x == 0) keep[n] = order[r];
+      const int64_t r = base + w * kBlockBoxes + b;
+      if (threadIdx.x == 0) keep[base + n] = order[r];
       ++n;
       const Word* row = mask + r * words;
       word |= row[w];
-      for (int64_t j = w + 1 + threadIdx.x; j < words; j += blockDim.x) removed[j] |= row[j];
+      for (int64_t j = w + 1 + threadIdx.x; j < used; j += blockDim.x) task_removed[j] |= row[j];
     }
     __syncthreads();  // this word's rows are in `removed` before the next word is read
   }
-  if (threadIdx.x == 0) *kept = n;
+  if (threadIdx.x == 0) kept[task] = n;
 }
 
 inline size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -196,15 +211,166 @@ cudaError_t nms(const NmsPlan<T, Box>& plan, void* workspace, const T* scores, c
   gather_kernel<Box><<<blocks_for(count), kThreads, 0, stream>>>(prepare, groups, order, count, sorted, sorted_groups);
   auto* mask = static_cast<uint64_t*>(at(plan.mask));
   mask_kernel<Box><<<dim3(static_cast<unsigned>(words), static_cast<unsigned>(words)), kBlockBoxes, 0, stream>>>(
-      sorted, sorted_groups, count, words, overlaps, mask);
+      sorted, sorted_groups, nullptr, 1, count, words, overlaps, mask);
   if ((error = cudaGetLastError()) != cudaSuccess) return error;
   auto* removed = static_cast<uint64_t*>(at(plan.removed));
   if ((error = cudaMemsetAsync(removed, 0, static_cast<size_t>(words) * 8, stream)) != cudaSuccess) return error;
   auto* kept_indices = static_cast<int64_t*>(at(plan.keep));
-  keep_kernel<<<1, 1024, 0, stream>>>(mask, order, count, words, removed, kept_indices, kept_indices + count);
+  keep_kernel<<<1, 1024, 0, stream>>>(mask, order, nullptr, count, words, removed, kept_indices, kept_indices + count);
   if ((error = cudaGetLastError()) != cudaSuccess) return error;
   if ((error = cudaMemcpyAsync(&kept, kept_indices + count, sizeof(int64_t), cudaMemcpyDeviceToHost, stream)) !=
       cudaSuccess) {
+    return error;
+  }
+  keep = kept_indices;
+  return cudaStreamSynchronize(stream);
+}
+
+// --- batched: independent suppressions of equal size (mmdeploy's per (batch, class) NMS) ---------------------------
+
+namespace nms_device {
+
+// Sort keys of the candidates: their score's where it is > score_threshold (never for NaN), else 0, below every
+// number's key (Key<T>::of is 0 for none); valid[t] counts task t's candidates that pass.
+template <class T>
+__global__ void batched_keys_kernel(const T* __restrict__ scores, int64_t total, int64_t count, double score_threshold,
+                                    typename Key<T>::Type* keys, int64_t* indices, unsigned* valid) {
+  OPBRIDGE_GRID_LOOP(i, total) {
+    const T s = scores[i];
+    const bool passes = static_cast<double>(s) > score_threshold;
+    keys[i] = passes ? Key<T>::of(s) : typename Key<T>::Type(0);
+    indices[i] = i;
+    if (passes) atomicAdd(valid + i / count, 1u);
+  }
+}
+
+// (A template, as keep_kernel.)
+template <class Index = int64_t>
+__global__ void task_keys_kernel(const Index* __restrict__ order, int64_t total, int64_t count, uint32_t* task_keys) {
+  OPBRIDGE_GRID_LOOP(r, total) { task_keys[r] = static_cast<uint32_t>(order[r] / count); }
+}
+
+// The valid boxes of each task in sorted order, prepared.
+template <class Box, class Prepare>
+__global__ void batched_gather_kernel(Prepare prepare, const int64_t* __restrict__ order,
+                                      const unsigned* __restrict__ valid, int64_t total, int64_t count, Box* sorted) {
+  OPBRIDGE_GRID_LOOP(r, total) {
+    if (r % count < static_cast<int64_t>(valid[r / count])) sorted[r] = prepare(order[r]);
+  }
+}
+
+inline int bits_for(int64_t values) {
+  int bits = 1;
+  while (bits < 32 && (int64_t(1) << bits) < values) ++bits;
+  return bits;
+}
+
+}  // namespace nms_device
+
+// The device memory of `tasks` suppressions of `count` candidates each (scores of type T, prepared boxes of type
+// Box), in one workspace the caller allocates: make sizes it. The mask takes tasks * count * words words: it grows
+// with the tasks, not with their square.
+template <class T, class Box>
+struct BatchedNmsPlan {
+  using KeyType = typename nms_device::Key<T>::Type;
+  int64_t tasks = 0, count = 0, words = 0;
+  size_t keys = 0, indices = 0, task_keys = 0, valid = 0, boxes = 0, mask = 0, removed = 0, keep = 0, kept = 0,
+         sort = 0, bytes = 0;
+
+  // tasks * count <= INT32_MAX (cub's item count), count <= nms_device::kMaxBoxes, tasks < 2^32: the caller checks.
+  static cudaError_t make(int64_t tasks, int64_t count, BatchedNmsPlan& plan) {
+    using nms_device::aligned;
+    plan.tasks = tasks;
+    plan.count = count;
+    plan.words = (count + nms_device::kBlockBoxes - 1) / nms_device::kBlockBoxes;
+    const auto total = static_cast<int>(tasks * count);
+    size_t by_score = 0, by_task = 0;
+    cudaError_t queried = cub::DeviceRadixSort::SortPairsDescending(
+        nullptr, by_score, static_cast<const KeyType*>(nullptr), static_cast<KeyType*>(nullptr),
+        static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr), total, 0, int(8 * sizeof(KeyType)));
+    if (queried != cudaSuccess) return queried;
+    queried = cub::DeviceRadixSort::SortPairs(nullptr, by_task, static_cast<const uint32_t*>(nullptr),
+                                              static_cast<uint32_t*>(nullptr), static_cast<const int64_t*>(nullptr),
+                                              static_cast<int64_t*>(nullptr), total, 0, nms_device::bits_for(tasks));
+    if (queried != cudaSuccess) return queried;
+    const auto n = static_cast<size_t>(tasks * count), t = static_cast<size_t>(tasks);
+    const auto words = static_cast<size_t>(plan.words);
+    size_t at = 0;
+    for (auto [field, size] : {std::pair{&plan.keys, 2 * n * sizeof(KeyType)},
+                               {&plan.indices, 2 * n * 8},
+                               {&plan.task_keys, 2 * n * 4},
+                               {&plan.valid, t * 4},
+                               {&plan.boxes, n * sizeof(Box)},
+                               {&plan.mask, n * words * 8},
+                               {&plan.removed, t * words * 8},
+                               {&plan.keep, n * 8},
+                               {&plan.kept, t * 8},
+                               {&plan.sort, std::max(by_score, by_task)}}) {
+      *field = at;
+      at += aligned(size);
+    }
+    plan.bytes = at;
+    return cudaSuccess;
+  }
+};
+
+// `plan.tasks` suppressions: candidate i = t * count + k (scores [tasks * count]) belongs to task t = i / count,
+// takes part if its score is > score_threshold, and `prepare(i)` gives its box. Each task as `nms` above (one
+// group), its candidates in decreasing score order (stable, over i). Waits for the stream once; then task t's kept
+// candidates (their i) are at the device pointer keep + t * count, in decreasing score order, and their number at
+// kept[t] (host memory, plan.tasks entries).
+template <class T, class Box, class Prepare, class Overlaps>
+cudaError_t batched_nms(const BatchedNmsPlan<T, Box>& plan, void* workspace, const T* scores, double score_threshold,
+                        Prepare prepare, Overlaps overlaps, cudaStream_t stream, const int64_t*& keep, int64_t* kept) {
+  using namespace nms_device;
+  using KeyType = typename BatchedNmsPlan<T, Box>::KeyType;
+  auto* base = static_cast<unsigned char*>(workspace);
+  auto at = [&](size_t offset) { return static_cast<void*>(base + offset); };
+  const int64_t tasks = plan.tasks, count = plan.count, words = plan.words, total = tasks * count;
+  auto* keys_in = static_cast<KeyType*>(at(plan.keys));
+  auto* keys_out = keys_in + total;
+  auto* indices = static_cast<int64_t*>(at(plan.indices));
+  auto* by_score = indices + total;
+  auto* task_keys_in = static_cast<uint32_t*>(at(plan.task_keys));
+  auto* task_keys_out = task_keys_in + total;
+  auto* valid = static_cast<unsigned*>(at(plan.valid));
+  cudaError_t error = cudaMemsetAsync(valid, 0, static_cast<size_t>(tasks) * 4, stream);
+  if (error != cudaSuccess) return error;
+  batched_keys_kernel<T>
+      <<<blocks_for(total), kThreads, 0, stream>>>(scores, total, count, score_threshold, keys_in, indices, valid);
+  if ((error = cudaGetLastError()) != cudaSuccess) return error;
+  // Two stable sorts: by score (decreasing), then by task: each task's candidates in decreasing score order, the
+  // ones that do not pass last.
+  size_t sort_bytes = plan.bytes - plan.sort;
+  error = cub::DeviceRadixSort::SortPairsDescending(at(plan.sort), sort_bytes, keys_in, keys_out, indices, by_score,
+                                                    static_cast<int>(total), 0, int(8 * sizeof(KeyType)), stream);
+  if (error != cudaSuccess) return error;
+  task_keys_kernel<<<blocks_for(total), kThreads, 0, stream>>>(by_score, total, count, task_keys_in);
+  if ((error = cudaGetLastError()) != cudaSuccess) return error;
+  auto* order = indices;  // free again
+  sort_bytes = plan.bytes - plan.sort;
+  error = cub::DeviceRadixSort::SortPairs(at(plan.sort), sort_bytes, task_keys_in, task_keys_out, by_score, order,
+                                          static_cast<int>(total), 0, bits_for(tasks), stream);
+  if (error != cudaSuccess) return error;
+  auto* sorted = static_cast<Box*>(at(plan.boxes));
+  batched_gather_kernel<Box><<<blocks_for(total), kThreads, 0, stream>>>(prepare, order, valid, total, count, sorted);
+  auto* mask = static_cast<uint64_t*>(at(plan.mask));
+  const auto layers = static_cast<unsigned>(std::min<int64_t>(tasks, 65535));
+  mask_kernel<Box>
+      <<<dim3(static_cast<unsigned>(words), static_cast<unsigned>(words), layers), kBlockBoxes, 0, stream>>>(
+          sorted, nullptr, valid, tasks, count, words, overlaps, mask);
+  if ((error = cudaGetLastError()) != cudaSuccess) return error;
+  auto* removed = static_cast<uint64_t*>(at(plan.removed));
+  if ((error = cudaMemsetAsync(removed, 0, static_cast<size_t>(tasks * words) * 8, stream)) != cudaSuccess) {
+    return error;
+  }
+  auto* kept_indices = static_cast<int64_t*>(at(plan.keep));
+  auto* kept_counts = static_cast<int64_t*>(at(plan.kept));
+  keep_kernel<<<static_cast<unsigned>(tasks), kThreads, 0, stream>>>(mask, order, valid, count, words, removed,
+                                                                     kept_indices, kept_counts);
+  if ((error = cudaGetLastError()) != cudaSuccess) return error;
+  if ((error = cudaMemcpyAsync(kept, kept_counts, sizeof(int64_t) * static_cast<size_t>(tasks), cudaMemcpyDeviceToHost,
+                               stream)) != cudaSuccess) {
     return error;
   }
   keep = kept_indices;
@@ -220,6 +386,17 @@ struct RotatedBoxes {
   const T* boxes;
   bool clockwise;
   __device__ rotated::Polygon operator()(int64_t i) const { return rotated::prepare(boxes + 5 * i, clockwise); }
+};
+// mmdeploy's NMSRotated: candidate i = (b * classes + c) * count + k is box k of batch b (boxes [B, count, 5]),
+// clockwise as mmdeploy's kernel reads the angle.
+template <class T>
+struct BatchedRotatedBoxes {
+  const T* boxes;
+  int64_t classes, count;
+  __device__ rotated::Polygon operator()(int64_t i) const {
+    const int64_t b = i / count / classes, k = i % count;
+    return rotated::prepare(boxes + 5 * (b * count + k), true);
+  }
 };
 struct RotatedOverlaps {
   double iou_threshold;

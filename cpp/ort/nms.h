@@ -4,6 +4,9 @@
 //   (two-stage detectors' RPN and test-time NMS). Not ONNX's NonMaxSuppression: mmcv's domain, mmcv's contract.
 // - opbridge::NmsRotated(boxes [N, 5], scores [N], labels [N] int64, optional) -> keep [K] int64, attributes
 //   iou_threshold (float) and clockwise (0 or 1): opbridge.nms_rotated's node.
+// - mmdeploy::NMSRotated(boxes [B, N, 5], scores [B, C, N]) -> [K, 3] int64 (batch, class, box), attributes
+//   iou_threshold and score_threshold (floats): the node mmdeploy's exporter writes for mmrotate's detectors, for
+//   which mmdeploy's own ONNX Runtime kernel builds only against ORT <= 1.15.
 // The kept count is the data's, so `Device` returns the kept indices through `allocate(count)`, which allocates
 // the output: the CPU library's device (nms.cc, nms_rotated.cc: float, double and float16, computed in float32)
 // runs kernels/nms.h and nms_rotated.h; the CUDA one's (cuda/ops.cc: float and double) kernels/nms.cuh.
@@ -25,6 +28,7 @@ namespace opbridge::ort::nms_adapter {
 
 inline constexpr char kNmsOp[] = "mmcv::NonMaxSuppression";
 inline constexpr char kNmsRotatedOp[] = "opbridge::NmsRotated";
+inline constexpr char kMmdeployNmsRotatedOp[] = "mmdeploy::NMSRotated";
 
 // Allocates the output for `count` kept boxes and returns where their indices go.
 using Allocate = std::function<int64_t*(int64_t count)>;
@@ -103,6 +107,33 @@ struct NmsRotated {
   bool clockwise;
 };
 
+template <class Device, class T>
+struct MmdeployNmsRotated {
+  MmdeployNmsRotated(const OrtApi* api, const OrtKernelInfo* info)
+      : iou_threshold(float_attribute(api, info, kMmdeployNmsRotatedOp, "iou_threshold", 0.5f)),
+        score_threshold(float_attribute(api, info, kMmdeployNmsRotatedOp, "score_threshold", 0.0f)) {}
+
+  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& boxes,
+                      const Ort::Custom::Tensor<T>& scores, Ort::Custom::Tensor<int64_t>& selected) {
+    return guarded(kMmdeployNmsRotatedOp, [&] {
+      int64_t batch = 0, classes = 0, count = 0;
+      const auto status = kernels::check_batched_nms_rotated(kMmdeployNmsRotatedOp, boxes.Shape(), scores.Shape(),
+                                                             batch, classes, count);
+      if (!status.ok()) return from_kernel(status);
+      const Allocate allocate = [&](int64_t rows) { return selected.Allocate({rows, 3}); };
+      if (batch == 0 || classes == 0 || count == 0) {
+        allocate(0);
+        return Ort::Status(nullptr);
+      }
+      Device::template batched_nms_rotated<T>(context, boxes.Data(), scores.Data(), batch, classes, count,
+                                              iou_threshold, score_threshold, allocate);
+      return Ort::Status(nullptr);
+    });
+  }
+
+  double iou_threshold, score_threshold;
+};
+
 // The CPU library's device: the kernels of kernels/nms.h and nms_rotated.h (half types widened to float32).
 struct Cpu {
   static constexpr const char* kProvider = "CPUExecutionProvider";
@@ -122,6 +153,16 @@ struct Cpu {
                                            labels, count, iou_threshold, clockwise);
     std::copy(kept.begin(), kept.end(), allocate(static_cast<int64_t>(kept.size())));
   }
+
+  template <class T>
+  static void batched_nms_rotated(OrtKernelContext* context, const T* boxes, const T* scores, int64_t batch,
+                                  int64_t classes, int64_t count, double iou_threshold, double score_threshold,
+                                  const Allocate& allocate) {
+    const auto rows = kernels::batched_nms_rotated(
+        KernelInput<T>(boxes, batch * count * 5).get(), KernelInput<T>(scores, batch * classes * count).get(), batch,
+        classes, count, iou_threshold, score_threshold, SessionThreads(context));
+    std::copy(rows.begin(), rows.end(), allocate(static_cast<int64_t>(rows.size() / 3)));
+  }
 };
 
 template <class Device, class T>
@@ -139,6 +180,12 @@ void append_nms_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
     return index == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : Element;
   };
   ops.push_back(op);
+}
+
+template <class Device, class T>
+void append_mmdeploy_nms_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  ops.push_back(
+      complete_op(Ort::Custom::CreateLiteCustomOp<MmdeployNmsRotated<Device, T>>("NMSRotated", Device::kProvider)));
 }
 
 }  // namespace opbridge::ort::nms_adapter

@@ -195,6 +195,66 @@ const char* nms_rotated(const T* boxes, const T* scores, const int64_t* labels, 
                                                 static_cast<cudaStream_t>(stream));
 }
 
+namespace {
+
+// Rows (batch, class, box) of the tasks' kept candidates, task t's from offsets[t] (rows; offsets[tasks]: all).
+__global__ void batched_rows_kernel(const int64_t* __restrict__ keep, const int64_t* __restrict__ offsets,
+                                    int64_t tasks, int64_t classes, int64_t count, int64_t* rows) {
+  OPBRIDGE_GRID_LOOP(j, tasks * count) {
+    const int64_t task = j / count, k = j % count;
+    if (k >= offsets[task + 1] - offsets[task]) continue;
+    int64_t* row = rows + 3 * (offsets[task] + k);
+    row[0] = task / classes;
+    row[1] = task % classes;
+    row[2] = keep[j] % count;
+  }
+}
+
+}  // namespace
+
+template <class T>
+const char* batched_nms_rotated(const T* boxes, const T* scores, int64_t batch, int64_t classes, int64_t count,
+                                double iou_threshold, double score_threshold,
+                                const std::function<int64_t*(int64_t)>& allocate, void* stream) {
+  namespace kc = kernels::cuda;
+  using kernels::rotated::Polygon;
+  const auto s = static_cast<cudaStream_t>(stream);
+  const int64_t tasks = batch * classes;
+  if (count > kc::nms_device::kMaxBoxes) {
+    return "more boxes than one suppression on CUDA takes (65535 * 64, the grid of its mask); pre-filter them by "
+           "score";
+  }
+  if (tasks * count > int64_t(INT32_MAX)) {
+    return "more than 2^31 - 1 scores (batch x classes x boxes) in one call; pre-filter the boxes by score";
+  }
+  kc::BatchedNmsPlan<T, Polygon> plan;
+  if (const cudaError_t error = kc::BatchedNmsPlan<T, Polygon>::make(tasks, count, plan); error != cudaSuccess) {
+    return message(error);
+  }
+  const StreamBuffer workspace(plan.bytes, s);
+  if (workspace.error() != cudaSuccess) return message(workspace.error());
+  const int64_t* keep = nullptr;
+  std::vector<int64_t> offsets(static_cast<size_t>(tasks) + 1, 0);
+  if (const cudaError_t error = kc::batched_nms(plan, workspace.get<void>(), scores, score_threshold,
+                                                kc::BatchedRotatedBoxes<T>{boxes, classes, count},
+                                                kc::RotatedOverlaps{iou_threshold}, s, keep, offsets.data() + 1);
+      error != cudaSuccess) {
+    return message(error);
+  }
+  for (size_t t = 1; t < offsets.size(); ++t) offsets[t] += offsets[t - 1];  // the kept counts, summed
+  int64_t* rows = allocate(offsets.back());
+  if (offsets.back() == 0) return nullptr;
+  const StreamBuffer table(sizeof(int64_t) * offsets.size(), s);
+  if (table.error() != cudaSuccess) return message(table.error());
+  // From pageable memory: returns once `offsets` is staged.
+  const cudaError_t copied = cudaMemcpyAsync(table.get<int64_t>(), offsets.data(), sizeof(int64_t) * offsets.size(),
+                                             cudaMemcpyHostToDevice, s);
+  if (copied != cudaSuccess) return message(copied);
+  batched_rows_kernel<<<kc::blocks_for(tasks * count), kc::kThreads, 0, s>>>(keep, table.get<int64_t>(), tasks, classes,
+                                                                             count, rows);
+  return message(cudaGetLastError());
+}
+
 template const char* my_add(const float*, const float*, float*, const kernels::BinaryLoop&, void*);
 template const char* my_add(const double*, const double*, double*, const kernels::BinaryLoop&, void*);
 template const char* my_add(const uint16_t*, const uint16_t*, uint16_t*, const kernels::BinaryLoop&, void*);
@@ -230,7 +290,9 @@ template const char* grid_sample(const uint16_t*, const uint16_t*, uint16_t*, co
   template const char* nms(const T*, const T*, int64_t, double, int64_t, const std::function<int64_t*(int64_t)>&,      \
                            void*);                                                                                     \
   template const char* nms_rotated(const T*, const T*, const int64_t*, int64_t, double, bool,                          \
-                                   const std::function<int64_t*(int64_t)>&, void*);
+                                   const std::function<int64_t*(int64_t)>&, void*);                                    \
+  template const char* batched_nms_rotated(const T*, const T*, int64_t, int64_t, int64_t, double, double,              \
+                                           const std::function<int64_t*(int64_t)>&, void*);
 OPBRIDGE_ROTATED_LAUNCHES(float)
 OPBRIDGE_ROTATED_LAUNCHES(double)
 #undef OPBRIDGE_ROTATED_LAUNCHES

@@ -70,4 +70,13 @@ template <class T>
 const char* nms_rotated(const T* boxes, const T* scores, const int64_t* labels, int64_t count, double iou_threshold,
                         bool clockwise, const std::function<int64_t*(int64_t)>& allocate, void* stream);
 
+// mmdeploy's NMSRotated: boxes [batch, count, 5], scores [batch, classes, count] in device memory; per (batch,
+// class), the boxes whose score is > score_threshold suppressed among themselves (clockwise angles). The rows
+// (batch, class, box), in batch, class, then decreasing score order, go to `allocate(rows)` (rows x 3 int64, device
+// memory) once their number is known (the call waits for the stream once).
+template <class T>
+const char* batched_nms_rotated(const T* boxes, const T* scores, int64_t batch, int64_t classes, int64_t count,
+                                double iou_threshold, double score_threshold,
+                                const std::function<int64_t*(int64_t)>& allocate, void* stream);
+
 }  // namespace opbridge::ort::cuda

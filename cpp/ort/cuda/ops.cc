@@ -98,6 +98,14 @@ struct Cuda {
     check(cuda::nms_rotated(boxes, scores, labels, count, iou_threshold, clockwise, allocate, stream_of(context)));
   }
 
+  template <class T>
+  static void batched_nms_rotated(OrtKernelContext* context, const T* boxes, const T* scores, int64_t batch,
+                                  int64_t classes, int64_t count, double iou_threshold, double score_threshold,
+                                  const nms_adapter::Allocate& allocate) {
+    check(cuda::batched_nms_rotated(boxes, scores, batch, classes, count, iou_threshold, score_threshold, allocate,
+                                    stream_of(context)));
+  }
+
   // Per kernel instance: nothing here.
   struct DeformConv2dState {
     explicit DeformConv2dState(const OrtKernelInfo*) {}
@@ -176,6 +184,10 @@ void append_nms_rotated(Ops& ops) {
   nms_adapter::append_nms_rotated<Cuda, float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>(ops);
   nms_adapter::append_nms_rotated<Cuda, double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>(ops);
 }
+void append_mmdeploy_nms_rotated(Ops& ops) {
+  nms_adapter::append_mmdeploy_nms_rotated<Cuda, float>(ops);
+  nms_adapter::append_mmdeploy_nms_rotated<Cuda, double>(ops);
+}
 
 }  // namespace
 
@@ -196,6 +208,7 @@ OPBRIDGE_ORT_OP(RotatedFeatureAlign, 1, append_opbridge_rotated_feature_align);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRotatedFeatureAlign, 1, append_mmcv_rotated_feature_align);
 OPBRIDGE_ORT_OP(BoxIouRotated, 1, append_box_iou_rotated);
 OPBRIDGE_ORT_OP(NmsRotated, 1, append_nms_rotated);
+OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, NMSRotated, 1, append_mmdeploy_nms_rotated);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, NonMaxSuppression, 1, append_nms);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRoiAlign, 1, append_roi_align<roi_align_adapter::kOp>);
 OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVRoiAlign, 1, append_roi_align<roi_align_adapter::kMmdeployOp>);
