@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +28,8 @@ from onnx import TensorProto, helper  # noqa: E402
 import opbridge_ort  # noqa: E402
 from opbridge.ops.ms_deform_attn import reference as msda_reference  # noqa: E402
 from opbridge.ops.ms_deform_attn import sample_inputs as msda_inputs  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # ort_cases/: the CPU nodes' cases and numpy references
 
 
 def _library_dir():
@@ -330,7 +333,8 @@ def test_the_ort_cuda_library_registers_its_nodes_and_inspect_sees_them():
                  ("opbridge", "RoiAlignRotated"), ("mmcv", "MMCVRoIAlignRotated"), ("mmdeploy", "MMCVRoIAlignRotated"),
                  ("opbridge", "RotatedFeatureAlign"), ("mmcv", "MMCVRotatedFeatureAlign"),
                  ("opbridge", "BoxIouRotated"), ("mmcv", "MMCVRoiAlign"), ("mmdeploy", "MMCVRoiAlign"),
-                 ("mmcv", "NonMaxSuppression"), ("opbridge", "NmsRotated"), ("mmdeploy", "NMSRotated")]:  # fmt: skip
+                 ("mmcv", "NonMaxSuppression"), ("opbridge", "NmsRotated"), ("mmdeploy", "NMSRotated"),
+                 ("mmdeploy", "NMSMatch")]:  # fmt: skip
         assert node in nodes, node
     # Every CUDA node is also a CPU node of the main library (the CPU provider is the fallback).
     cpu = {("opbridge", op) for op in opbridge_ort.ops()} | set(opbridge_ort.foreign_ops())
@@ -580,3 +584,46 @@ def test_mmdeploy_nms_rotated_on_the_cuda_ep(batch, classes, count, dtype):
         assert score_threshold < 1.0 or expected.shape == (0, 3)
         np.testing.assert_array_equal(_run(model, feeds, cuda=True), expected)
         np.testing.assert_array_equal(_run(model, feeds, cuda=False), expected)
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize(("batch", "classes", "count"), [(1, 1, 1), (2, 5, 10), (2, 3, 64), (1, 4, 65), (2, 6, 200)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mmdeploy_nms_match_on_the_cuda_ep(batch, classes, count, dtype):
+    """mmdeploy::NMSMatch on the GPU: the rows (batch, class, kept, suppressed) of a numpy reference written from
+    mmdeploy's definition and of the CPU node, in order (ties, a NaN score and a NaN box included); the thresholds
+    are inputs, read in host memory. mmdeploy's published rows too."""
+    from ort_cases import nms_match as cases
+
+    rng = np.random.default_rng(batch * 1000 + classes * 10 + count)
+    boxes = np.stack([_clustered_boxes(rng, count, 4) for _ in range(batch)]).astype(dtype)
+    scores = rng.uniform(0, 1, (batch, classes, count)).round(2).astype(dtype)  # rounding makes ties
+    if count > 3:
+        scores[0, 0, 1], boxes[0, 2, 0] = np.nan, np.nan
+    model = cases.nms_match_model(dtype)
+    for iou_threshold, score_threshold in ((0.1, 0.05), (0.4, 0.5), (0.7, -1.0), (0.3, 1.0)):
+        feeds = {"boxes": boxes, "scores": scores, "iou_threshold": np.array([iou_threshold], dtype),
+                 "score_threshold": np.array([score_threshold], dtype)}  # fmt: skip
+        expected = cases.nms_match_reference(boxes, scores, dtype(iou_threshold), dtype(score_threshold))
+        np.testing.assert_array_equal(_run(model, feeds, cuda=True), expected)
+        np.testing.assert_array_equal(_run(model, feeds, cuda=False), expected)
+    published = np.array([cases.BOXES] * 2, dtype), np.array([cases.SCORES] * 2, dtype).transpose(0, 2, 1)
+    feeds = {"boxes": published[0], "scores": published[1], "iou_threshold": np.array([0.1], dtype),
+             "score_threshold": np.array([0.1], dtype)}  # fmt: skip
+    want = [[b, *row] for b in (0, 1) for row in cases.PUBLISHED_ROWS]
+    assert _run(model, feeds, cuda=True).tolist() == want
+
+
+@needs_cuda_ep
+def test_mmdeploy_nms_rotated_with_more_tasks_than_a_grid_layer_on_the_cuda_ep():
+    """66000 (batch, class) tasks: more than the 65535 a grid's z dimension takes, so the mask kernel loops over
+    them; the GPU's rows equal the CPU node's (itself checked against a per-class loop above)."""
+    rng = np.random.default_rng(5)
+    boxes = _clustered_boxes(rng, 3, 5)[None].astype(np.float32)
+    scores = rng.uniform(0, 1, (1, 66000, 3)).round(2).astype(np.float32)
+    model = _model("NMSRotated", "mmdeploy", [("boxes", boxes), ("scores", scores)], TensorProto.INT64,
+                   dict(iou_threshold=0.3, score_threshold=0.2))  # fmt: skip
+    feeds = {"boxes": boxes, "scores": scores}
+    expected = _run(model, feeds, cuda=False)
+    assert expected.shape[0] > 66000 and set(expected[:, 1]) >= {0, 65535, 65999}
+    np.testing.assert_array_equal(_run(model, feeds, cuda=True), expected)

@@ -113,16 +113,23 @@ __global__ void mask_kernel(const Box* __restrict__ boxes, const int64_t* __rest
 // The greedy pass, one block a task: box r (sorted order) is kept unless an earlier kept box's mask row has its
 // bit; `removed` (zeroed, `words` words a task) collects the kept boxes' rows. Writes task t's kept boxes' input
 // indices (order[t * count + r]) in order from keep[t * count] and their number to kept[t]. valid as mask_kernel's.
+// suppressor (null: not asked for; else filled with -1): for each box a kept box suppresses, the sorted position
+// (t * count + r) of the first kept box that does, which is the one whose row first sets its bit.
 // (A template, so that every file including this header may instantiate it.)
 template <class Word = uint64_t>
 __global__ void keep_kernel(const Word* __restrict__ mask, const int64_t* __restrict__ order,
                             const unsigned* __restrict__ valid, int64_t count, int64_t words, Word* removed,
-                            int64_t* keep, int64_t* kept) {
+                            int64_t* keep, int64_t* kept, int64_t* suppressor) {
   __shared__ Word current;
   const int64_t task = blockIdx.x, base = task * count;
   const int64_t boxes = valid != nullptr ? static_cast<int64_t>(valid[task]) : count;
   const int64_t used = (boxes + kBlockBoxes - 1) / kBlockBoxes;  // the task's words
   Word* task_removed = removed + task * words;
+  // The boxes of `bits` (word j of the task) that kept row r suppresses first.
+  auto record = [&](Word bits, int64_t j, int64_t r) {
+    for (; bits != 0; bits &= bits - 1)
+      suppressor[base + j * kBlockBoxes + __ffsll(static_cast<long long>(bits)) - 1] = r;
+  };
   int64_t n = 0;
   for (int64_t w = 0; w < used; ++w) {
     if (threadIdx.x == 0) current = task_removed[w];
@@ -135,8 +142,12 @@ __global__ void keep_kernel(const Word* __restrict__ mask, const int64_t* __rest
       if (threadIdx.x == 0) keep[base + n] = order[r];
       ++n;
       const Word* row = mask + r * words;
+      if (suppressor != nullptr && threadIdx.x == 0) record(row[w] & ~word, w, r);
       word |= row[w];
-      for (int64_t j = w + 1 + threadIdx.x; j < used; j += blockDim.x) task_removed[j] |= row[j];
+      for (int64_t j = w + 1 + threadIdx.x; j < used; j += blockDim.x) {
+        if (suppressor != nullptr) record(row[j] & ~task_removed[j], j, r);
+        task_removed[j] |= row[j];
+      }
     }
     __syncthreads();  // this word's rows are in `removed` before the next word is read
   }
@@ -216,7 +227,8 @@ cudaError_t nms(const NmsPlan<T, Box>& plan, void* workspace, const T* scores, c
   auto* removed = static_cast<uint64_t*>(at(plan.removed));
   if ((error = cudaMemsetAsync(removed, 0, static_cast<size_t>(words) * 8, stream)) != cudaSuccess) return error;
   auto* kept_indices = static_cast<int64_t*>(at(plan.keep));
-  keep_kernel<<<1, 1024, 0, stream>>>(mask, order, nullptr, count, words, removed, kept_indices, kept_indices + count);
+  keep_kernel<<<1, 1024, 0, stream>>>(mask, order, nullptr, count, words, removed, kept_indices, kept_indices + count,
+                                      nullptr);
   if ((error = cudaGetLastError()) != cudaSuccess) return error;
   if ((error = cudaMemcpyAsync(&kept, kept_indices + count, sizeof(int64_t), cudaMemcpyDeviceToHost, stream)) !=
       cudaSuccess) {
@@ -230,14 +242,16 @@ cudaError_t nms(const NmsPlan<T, Box>& plan, void* workspace, const T* scores, c
 
 namespace nms_device {
 
-// Sort keys of the candidates: their score's where it is > score_threshold (never for NaN), else 0, below every
-// number's key (Key<T>::of is 0 for none); valid[t] counts task t's candidates that pass.
+// Sort keys of the candidates: their score's where it is > *score_threshold (never for NaN; every candidate where
+// score_threshold is null), else 0, below every score's key (Key<T>::of is 0 for none); valid[t] counts task t's
+// candidates that pass.
 template <class T>
-__global__ void batched_keys_kernel(const T* __restrict__ scores, int64_t total, int64_t count, double score_threshold,
-                                    typename Key<T>::Type* keys, int64_t* indices, unsigned* valid) {
+__global__ void batched_keys_kernel(const T* __restrict__ scores, int64_t total, int64_t count, bool filter,
+                                    double score_threshold, typename Key<T>::Type* keys, int64_t* indices,
+                                    unsigned* valid) {
   OPBRIDGE_GRID_LOOP(i, total) {
     const T s = scores[i];
-    const bool passes = static_cast<double>(s) > score_threshold;
+    const bool passes = !filter || static_cast<double>(s) > score_threshold;
     keys[i] = passes ? Key<T>::of(s) : typename Key<T>::Type(0);
     indices[i] = i;
     if (passes) atomicAdd(valid + i / count, 1u);
@@ -275,13 +289,16 @@ struct BatchedNmsPlan {
   using KeyType = typename nms_device::Key<T>::Type;
   int64_t tasks = 0, count = 0, words = 0;
   size_t keys = 0, indices = 0, task_keys = 0, valid = 0, boxes = 0, mask = 0, removed = 0, keep = 0, kept = 0,
-         sort = 0, bytes = 0;
+         suppressor = 0, sort = 0, bytes = 0;
+  bool record = false;
 
   // tasks * count <= INT32_MAX (cub's item count), count <= nms_device::kMaxBoxes, tasks < 2^32: the caller checks.
-  static cudaError_t make(int64_t tasks, int64_t count, BatchedNmsPlan& plan) {
+  // record: batched_nms also gives each suppressed candidate's suppressor.
+  static cudaError_t make(int64_t tasks, int64_t count, bool record, BatchedNmsPlan& plan) {
     using nms_device::aligned;
     plan.tasks = tasks;
     plan.count = count;
+    plan.record = record;
     plan.words = (count + nms_device::kBlockBoxes - 1) / nms_device::kBlockBoxes;
     const auto total = static_cast<int>(tasks * count);
     size_t by_score = 0, by_task = 0;
@@ -305,6 +322,7 @@ struct BatchedNmsPlan {
                                {&plan.removed, t * words * 8},
                                {&plan.keep, n * 8},
                                {&plan.kept, t * 8},
+                               {&plan.suppressor, record ? n * 8 : 0},
                                {&plan.sort, std::max(by_score, by_task)}}) {
       *field = at;
       at += aligned(size);
@@ -314,14 +332,23 @@ struct BatchedNmsPlan {
   }
 };
 
+// Where batched_nms leaves its results (device memory, in the workspace), task t's from t * count on:
+struct BatchedNmsResult {
+  const int64_t* keep = nullptr;        // the kept candidates (their i), in decreasing score order
+  const int64_t* order = nullptr;       // the candidates (their i) in sorted order: the ones taking part first
+  const int64_t* suppressor = nullptr;  // plan.record: per sorted position, the sorted position of the kept
+                                        // candidate that suppressed it, else -1 (kept, or not taking part)
+};
+
 // `plan.tasks` suppressions: candidate i = t * count + k (scores [tasks * count]) belongs to task t = i / count,
-// takes part if its score is > score_threshold, and `prepare(i)` gives its box. Each task as `nms` above (one
-// group), its candidates in decreasing score order (stable, over i). Waits for the stream once; then task t's kept
-// candidates (their i) are at the device pointer keep + t * count, in decreasing score order, and their number at
-// kept[t] (host memory, plan.tasks entries).
+// takes part if its score is > *score_threshold (every candidate where score_threshold is null), and `prepare(i)`
+// gives its box. Each task as `nms` above (one group), its candidates in decreasing score order (stable, over i,
+// NaN first). Waits for the stream once; then the results are in `result` and task t's number of kept candidates
+// at kept[t] (host memory, plan.tasks entries).
 template <class T, class Box, class Prepare, class Overlaps>
-cudaError_t batched_nms(const BatchedNmsPlan<T, Box>& plan, void* workspace, const T* scores, double score_threshold,
-                        Prepare prepare, Overlaps overlaps, cudaStream_t stream, const int64_t*& keep, int64_t* kept) {
+cudaError_t batched_nms(const BatchedNmsPlan<T, Box>& plan, void* workspace, const T* scores,
+                        const double* score_threshold, Prepare prepare, Overlaps overlaps, cudaStream_t stream,
+                        BatchedNmsResult& result, int64_t* kept) {
   using namespace nms_device;
   using KeyType = typename BatchedNmsPlan<T, Box>::KeyType;
   auto* base = static_cast<unsigned char*>(workspace);
@@ -336,8 +363,9 @@ cudaError_t batched_nms(const BatchedNmsPlan<T, Box>& plan, void* workspace, con
   auto* valid = static_cast<unsigned*>(at(plan.valid));
   cudaError_t error = cudaMemsetAsync(valid, 0, static_cast<size_t>(tasks) * 4, stream);
   if (error != cudaSuccess) return error;
-  batched_keys_kernel<T>
-      <<<blocks_for(total), kThreads, 0, stream>>>(scores, total, count, score_threshold, keys_in, indices, valid);
+  batched_keys_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
+      scores, total, count, score_threshold != nullptr, score_threshold != nullptr ? *score_threshold : 0.0, keys_in,
+      indices, valid);
   if ((error = cudaGetLastError()) != cudaSuccess) return error;
   // Two stable sorts: by score (decreasing), then by task: each task's candidates in decreasing score order, the
   // ones that do not pass last.
@@ -354,6 +382,7 @@ cudaError_t batched_nms(const BatchedNmsPlan<T, Box>& plan, void* workspace, con
   if (error != cudaSuccess) return error;
   auto* sorted = static_cast<Box*>(at(plan.boxes));
   batched_gather_kernel<Box><<<blocks_for(total), kThreads, 0, stream>>>(prepare, order, valid, total, count, sorted);
+  if ((error = cudaGetLastError()) != cudaSuccess) return error;
   auto* mask = static_cast<uint64_t*>(at(plan.mask));
   const auto layers = static_cast<unsigned>(std::min<int64_t>(tasks, 65535));
   mask_kernel<Box>
@@ -366,14 +395,19 @@ cudaError_t batched_nms(const BatchedNmsPlan<T, Box>& plan, void* workspace, con
   }
   auto* kept_indices = static_cast<int64_t*>(at(plan.keep));
   auto* kept_counts = static_cast<int64_t*>(at(plan.kept));
+  auto* suppressor = plan.record ? static_cast<int64_t*>(at(plan.suppressor)) : nullptr;
+  if (suppressor != nullptr &&
+      (error = cudaMemsetAsync(suppressor, 0xff, static_cast<size_t>(total) * 8, stream)) != cudaSuccess) {
+    return error;  // all bits set: -1
+  }
   keep_kernel<<<static_cast<unsigned>(tasks), kThreads, 0, stream>>>(mask, order, valid, count, words, removed,
-                                                                     kept_indices, kept_counts);
+                                                                     kept_indices, kept_counts, suppressor);
   if ((error = cudaGetLastError()) != cudaSuccess) return error;
   if ((error = cudaMemcpyAsync(kept, kept_counts, sizeof(int64_t) * static_cast<size_t>(tasks), cudaMemcpyDeviceToHost,
                                stream)) != cudaSuccess) {
     return error;
   }
-  keep = kept_indices;
+  result = {kept_indices, order, suppressor};
   return cudaStreamSynchronize(stream);
 }
 
@@ -431,6 +465,33 @@ struct AxisOverlaps {
     const T w = T(0) < w0 ? w0 : T(0), h = T(0) < h0 ? h0 : T(0);
     const T inter = w * h;
     return inter / (k.area + b.area - inter) > iou_threshold;
+  }
+};
+
+// mmdeploy's NMSMatch: candidate i = (b * classes + c) * count + k is box k (x1, y1, x2, y2) of batch b
+// (boxes [B, count, 4]), its area (x2 - x1) * (y2 - y1); a kept box suppresses a candidate whose IoU, inter /
+// (union + 1e-10) with the union in T and the 1e-10 and the division in double, rounded to T, is >= the threshold:
+// kernels/nms.h's nms_match, operation for operation.
+template <class T>
+struct BatchedAxisBoxes {
+  const T* boxes;
+  int64_t classes, count;
+  __device__ AxisBox<T> operator()(int64_t i) const {
+    const int64_t b = i / count / classes, k = i % count;
+    const T* x = boxes + 4 * (b * count + k);
+    return {x[0], x[1], x[2], x[3], (x[2] - x[0]) * (x[3] - x[1])};
+  }
+};
+template <class T>
+struct MatchOverlaps {
+  T iou_threshold;
+  __device__ bool operator()(const AxisBox<T>& k, const AxisBox<T>& q) const {
+    const T right = q.x2 < k.x2 ? q.x2 : k.x2, left = k.x1 < q.x1 ? q.x1 : k.x1;
+    const T bottom = q.y2 < k.y2 ? q.y2 : k.y2, top = k.y1 < q.y1 ? q.y1 : k.y1;
+    const T w = T(0) < right - left ? right - left : T(0);
+    const T h = T(0) < bottom - top ? bottom - top : T(0);
+    const T inter = w * h;
+    return static_cast<T>(inter / (static_cast<double>(k.area + q.area - inter) + 1e-10)) >= iou_threshold;
   }
 };
 

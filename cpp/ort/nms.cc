@@ -5,9 +5,7 @@
 // - mmcv::SoftNonMaxSuppression(boxes [N, 4], scores [N]) -> (dets [M, 5] = (x1, y1, x2, y2, decayed score),
 //   inds [M] int64), attributes iou_threshold, sigma, min_score (floats), method (0 naive, 1 linear, 2
 //   gaussian) and offset (ints).
-// - mmdeploy::NMSMatch(boxes [B, N, 4], scores [B, C, N], iou_threshold [1], score_threshold [1]) -> [K, 4] int64
-//   rows (batch, class, kept box, box it suppressed): mmdeploy's multiclass_nms_match; the thresholds are
-//   inputs (float tensors of one element), not attributes.
+// - mmdeploy::NMSMatch (ort/nms.h, its adapter for both libraries): mmdeploy's multiclass_nms_match.
 // mmcv's kernels require every attribute; absent here, they take mmcv.ops.nms's and soft_nms's Python defaults
 // (iou_threshold 0.3 for soft NMS, sigma 0.5, min_score 1e-3, method linear, offset 0; NMS has no default
 // threshold, so it is required). float and double.
@@ -75,49 +73,16 @@ struct SoftNonMaxSuppression {
   int64_t method, offset;
 };
 
-constexpr char kNmsMatchOp[] = "mmdeploy::NMSMatch";
-
-template <class T>
-struct NmsMatch {
-  NmsMatch(const OrtApi*, const OrtKernelInfo*) {}
-
-  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& boxes,
-                      const Ort::Custom::Tensor<T>& scores, const Ort::Custom::Tensor<T>& iou_threshold,
-                      const Ort::Custom::Tensor<T>& score_threshold, Ort::Custom::Tensor<int64_t>& matches) {
-    return guarded(kNmsMatchOp, [&] {
-      int64_t batch = 0, classes = 0, count = 0;
-      const auto status = kernels::check_nms_match(kNmsMatchOp, boxes.Shape(), scores.Shape(), batch, classes, count);
-      if (!status.ok()) return from_kernel(status);
-      for (const auto* threshold : {&iou_threshold, &score_threshold}) {
-        if (threshold->NumberOfElement() < 1) {
-          return invalid_argument(
-              std::string(kNmsMatchOp) + ": input " +
-              (threshold == &iou_threshold ? "iou_threshold (index 2)" : "score_threshold (index 3)") +
-              " must hold one number (shape [1]), got shape " + kernels::shape_to_string(threshold->Shape()));
-        }
-      }
-      std::vector<int64_t> rows;
-      if (batch > 0 && classes > 0 && count > 0) {
-        rows = kernels::nms_match(KernelInput<T>(boxes).get(), KernelInput<T>(scores).get(), batch, classes, count,
-                                  KernelInput<T>(iou_threshold.Data(), 1).get()[0],
-                                  KernelInput<T>(score_threshold.Data(), 1).get()[0], SessionThreads(context));
-      }
-      std::copy(rows.begin(), rows.end(), matches.Allocate({static_cast<int64_t>(rows.size() / 4), 4}));
-      return Ort::Status(nullptr);
-    });
-  }
-};
-
-void append_nms_match(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<NmsMatch<float>>("NMSMatch", kCpu)));
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<NmsMatch<double>>("NMSMatch", kCpu)));
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<NmsMatch<Ort::Float16_t>>("NMSMatch", kCpu)));
-}
-
 void append_nms(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   nms_adapter::append_nms<nms_adapter::Cpu, float>(ops);
   nms_adapter::append_nms<nms_adapter::Cpu, double>(ops);
   nms_adapter::append_nms<nms_adapter::Cpu, Ort::Float16_t>(ops);
+}
+
+void append_nms_match(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  nms_adapter::append_nms_match<nms_adapter::Cpu, float>(ops);
+  nms_adapter::append_nms_match<nms_adapter::Cpu, double>(ops);
+  nms_adapter::append_nms_match<nms_adapter::Cpu, Ort::Float16_t>(ops);
 }
 
 void append_soft_nms(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {

@@ -7,6 +7,9 @@
 // - mmdeploy::NMSRotated(boxes [B, N, 5], scores [B, C, N]) -> [K, 3] int64 (batch, class, box), attributes
 //   iou_threshold and score_threshold (floats): the node mmdeploy's exporter writes for mmrotate's detectors, for
 //   which mmdeploy's own ONNX Runtime kernel builds only against ORT <= 1.15.
+// - mmdeploy::NMSMatch(boxes [B, N, 4], scores [B, C, N], iou_threshold [1], score_threshold [1]) -> [K, 4] int64
+//   rows (batch, class, kept box, box it suppressed): mmdeploy's multiclass_nms_match; the thresholds are
+//   inputs (float tensors of one element, read in host memory), not attributes.
 // The kept count is the data's, so `Device` returns the kept indices through `allocate(count)`, which allocates
 // the output: the CPU library's device (nms.cc, nms_rotated.cc: float, double and float16, computed in float32)
 // runs kernels/nms.h and nms_rotated.h; the CUDA one's (cuda/ops.cc: float and double) kernels/nms.cuh.
@@ -29,6 +32,7 @@ namespace opbridge::ort::nms_adapter {
 inline constexpr char kNmsOp[] = "mmcv::NonMaxSuppression";
 inline constexpr char kNmsRotatedOp[] = "opbridge::NmsRotated";
 inline constexpr char kMmdeployNmsRotatedOp[] = "mmdeploy::NMSRotated";
+inline constexpr char kNmsMatchOp[] = "mmdeploy::NMSMatch";
 
 // Allocates the output for `count` kept boxes and returns where their indices go.
 using Allocate = std::function<int64_t*(int64_t count)>;
@@ -134,6 +138,37 @@ struct MmdeployNmsRotated {
   double iou_threshold, score_threshold;
 };
 
+template <class Device, class T>
+struct NmsMatch {
+  NmsMatch(const OrtApi*, const OrtKernelInfo*) {}
+
+  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& boxes,
+                      const Ort::Custom::Tensor<T>& scores, const Ort::Custom::Tensor<T>& iou_threshold,
+                      const Ort::Custom::Tensor<T>& score_threshold, Ort::Custom::Tensor<int64_t>& matches) {
+    return guarded(kNmsMatchOp, [&] {
+      int64_t batch = 0, classes = 0, count = 0;
+      const auto status = kernels::check_nms_match(kNmsMatchOp, boxes.Shape(), scores.Shape(), batch, classes, count);
+      if (!status.ok()) return from_kernel(status);
+      for (const auto* threshold : {&iou_threshold, &score_threshold}) {
+        if (threshold->NumberOfElement() < 1) {
+          return invalid_argument(
+              std::string(kNmsMatchOp) + ": input " +
+              (threshold == &iou_threshold ? "iou_threshold (index 2)" : "score_threshold (index 3)") +
+              " must hold one number (shape [1]), got shape " + kernels::shape_to_string(threshold->Shape()));
+        }
+      }
+      const Allocate allocate = [&](int64_t rows) { return matches.Allocate({rows, 4}); };
+      if (batch == 0 || classes == 0 || count == 0) {
+        allocate(0);
+        return Ort::Status(nullptr);
+      }
+      Device::template nms_match<T>(context, boxes.Data(), scores.Data(), batch, classes, count, iou_threshold.Data(),
+                                    score_threshold.Data(), allocate);
+      return Ort::Status(nullptr);
+    });
+  }
+};
+
 // The CPU library's device: the kernels of kernels/nms.h and nms_rotated.h (half types widened to float32).
 struct Cpu {
   static constexpr const char* kProvider = "CPUExecutionProvider";
@@ -163,6 +198,17 @@ struct Cpu {
         classes, count, iou_threshold, score_threshold, SessionThreads(context));
     std::copy(rows.begin(), rows.end(), allocate(static_cast<int64_t>(rows.size() / 3)));
   }
+
+  // The thresholds in host memory.
+  template <class T>
+  static void nms_match(OrtKernelContext* context, const T* boxes, const T* scores, int64_t batch, int64_t classes,
+                        int64_t count, const T* iou_threshold, const T* score_threshold, const Allocate& allocate) {
+    const auto rows = kernels::nms_match(KernelInput<T>(boxes, batch * count * 4).get(),
+                                         KernelInput<T>(scores, batch * classes * count).get(), batch, classes, count,
+                                         KernelInput<T>(iou_threshold, 1).get()[0],
+                                         KernelInput<T>(score_threshold, 1).get()[0], SessionThreads(context));
+    std::copy(rows.begin(), rows.end(), allocate(static_cast<int64_t>(rows.size() / 4)));
+  }
 };
 
 template <class Device, class T>
@@ -186,6 +232,16 @@ template <class Device, class T>
 void append_mmdeploy_nms_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(
       complete_op(Ort::Custom::CreateLiteCustomOp<MmdeployNmsRotated<Device, T>>("NMSRotated", Device::kProvider)));
+}
+
+// The thresholds (inputs 2 and 3) in host memory, where the CUDA provider's kernel reads them too.
+template <class Device, class T>
+void append_nms_match(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  auto* op = complete_op(Ort::Custom::CreateLiteCustomOp<NmsMatch<Device, T>>("NMSMatch", Device::kProvider));
+  op->GetInputMemoryType = [](const OrtCustomOp*, size_t index) {
+    return index >= 2 ? OrtMemTypeCPUInput : OrtMemTypeDefault;
+  };
+  ops.push_back(op);
 }
 
 }  // namespace opbridge::ort::nms_adapter

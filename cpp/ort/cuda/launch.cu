@@ -210,16 +210,43 @@ __global__ void batched_rows_kernel(const int64_t* __restrict__ keep, const int6
   }
 }
 
-}  // namespace
-
+// NMSMatch's rows, ordered by a stable sort on these keys: the candidate at sorted position p, suppressed by the
+// kept candidate at sorted position q = suppressor[p] whose score is > score_threshold, has key q (so: by task,
+// then by the keeper's rank, then by its own); the others UINT32_MAX, and are not counted in `rows`.
 template <class T>
-const char* batched_nms_rotated(const T* boxes, const T* scores, int64_t batch, int64_t classes, int64_t count,
-                                double iou_threshold, double score_threshold,
-                                const std::function<int64_t*(int64_t)>& allocate, void* stream) {
+__global__ void match_keys_kernel(const int64_t* __restrict__ suppressor, const int64_t* __restrict__ order,
+                                  const T* __restrict__ scores, int64_t total, T score_threshold, uint32_t* keys,
+                                  int64_t* positions, unsigned long long* rows) {
+  OPBRIDGE_GRID_LOOP(p, total) {
+    const int64_t q = suppressor[p];
+    const bool row = q >= 0 && scores[order[q]] > score_threshold;
+    keys[p] = row ? static_cast<uint32_t>(q) : UINT32_MAX;
+    positions[p] = p;
+    if (row) atomicAdd(rows, 1ull);
+  }
+}
+
+// Rows (batch, class, kept box, suppressed box) of the first `count_rows` sorted keys.
+__global__ void match_rows_kernel(const uint32_t* __restrict__ keys, const int64_t* __restrict__ positions,
+                                  const int64_t* __restrict__ order, int64_t count_rows, int64_t classes, int64_t count,
+                                  int64_t* rows) {
+  OPBRIDGE_GRID_LOOP(r, count_rows) {
+    const int64_t p = positions[r], q = keys[r], task = p / count;
+    int64_t* row = rows + 4 * r;
+    row[0] = task / classes;
+    row[1] = task % classes;
+    row[2] = order[q] % count;
+    row[3] = order[p] % count;
+  }
+}
+
+// kernels/nms.cuh's batched suppression of `tasks` x `count` candidates in stream-ordered workspace; then
+// `finish(result, kept)` (kept: each task's number of kept candidates, host memory) builds the node's output while
+// the workspace lives.
+template <class T, class Box, class Prepare, class Overlaps, class Finish>
+const char* batched_suppress(const T* scores, int64_t tasks, int64_t count, const double* score_threshold, bool record,
+                             Prepare prepare, Overlaps overlaps, cudaStream_t stream, Finish&& finish) {
   namespace kc = kernels::cuda;
-  using kernels::rotated::Polygon;
-  const auto s = static_cast<cudaStream_t>(stream);
-  const int64_t tasks = batch * classes;
   if (count > kc::nms_device::kMaxBoxes) {
     return "more boxes than one suppression on CUDA takes (65535 * 64, the grid of its mask); pre-filter them by "
            "score";
@@ -227,32 +254,95 @@ const char* batched_nms_rotated(const T* boxes, const T* scores, int64_t batch, 
   if (tasks * count > int64_t(INT32_MAX)) {
     return "more than 2^31 - 1 scores (batch x classes x boxes) in one call; pre-filter the boxes by score";
   }
-  kc::BatchedNmsPlan<T, Polygon> plan;
-  if (const cudaError_t error = kc::BatchedNmsPlan<T, Polygon>::make(tasks, count, plan); error != cudaSuccess) {
+  kc::BatchedNmsPlan<T, Box> plan;
+  if (const cudaError_t error = kc::BatchedNmsPlan<T, Box>::make(tasks, count, record, plan); error != cudaSuccess) {
     return message(error);
   }
-  const StreamBuffer workspace(plan.bytes, s);
+  const StreamBuffer workspace(plan.bytes, stream);
   if (workspace.error() != cudaSuccess) return message(workspace.error());
-  const int64_t* keep = nullptr;
-  std::vector<int64_t> offsets(static_cast<size_t>(tasks) + 1, 0);
-  if (const cudaError_t error = kc::batched_nms(plan, workspace.get<void>(), scores, score_threshold,
-                                                kc::BatchedRotatedBoxes<T>{boxes, classes, count},
-                                                kc::RotatedOverlaps{iou_threshold}, s, keep, offsets.data() + 1);
+  kc::BatchedNmsResult result;
+  std::vector<int64_t> kept(static_cast<size_t>(tasks), 0);
+  if (const cudaError_t error = kc::batched_nms(plan, workspace.get<void>(), scores, score_threshold, prepare, overlaps,
+                                                stream, result, kept.data());
       error != cudaSuccess) {
     return message(error);
   }
-  for (size_t t = 1; t < offsets.size(); ++t) offsets[t] += offsets[t - 1];  // the kept counts, summed
-  int64_t* rows = allocate(offsets.back());
-  if (offsets.back() == 0) return nullptr;
-  const StreamBuffer table(sizeof(int64_t) * offsets.size(), s);
-  if (table.error() != cudaSuccess) return message(table.error());
-  // From pageable memory: returns once `offsets` is staged.
-  const cudaError_t copied = cudaMemcpyAsync(table.get<int64_t>(), offsets.data(), sizeof(int64_t) * offsets.size(),
-                                             cudaMemcpyHostToDevice, s);
-  if (copied != cudaSuccess) return message(copied);
-  batched_rows_kernel<<<kc::blocks_for(tasks * count), kc::kThreads, 0, s>>>(keep, table.get<int64_t>(), tasks, classes,
-                                                                             count, rows);
-  return message(cudaGetLastError());
+  return finish(result, kept);
+}
+
+}  // namespace
+
+template <class T>
+const char* batched_nms_rotated(const T* boxes, const T* scores, int64_t batch, int64_t classes, int64_t count,
+                                double iou_threshold, double score_threshold,
+                                const std::function<int64_t*(int64_t)>& allocate, void* stream) {
+  namespace kc = kernels::cuda;
+  const auto s = static_cast<cudaStream_t>(stream);
+  const int64_t tasks = batch * classes;
+  auto finish = [&](const kc::BatchedNmsResult& result, const std::vector<int64_t>& kept) -> const char* {
+    std::vector<int64_t> offsets(kept.size() + 1, 0);  // each task's first row
+    for (size_t t = 0; t < kept.size(); ++t) offsets[t + 1] = offsets[t] + kept[t];
+    int64_t* rows = allocate(offsets.back());
+    if (offsets.back() == 0) return nullptr;
+    const StreamBuffer table(sizeof(int64_t) * offsets.size(), s);
+    if (table.error() != cudaSuccess) return message(table.error());
+    // From pageable memory: returns once `offsets` is staged.
+    const cudaError_t copied = cudaMemcpyAsync(table.get<int64_t>(), offsets.data(), sizeof(int64_t) * offsets.size(),
+                                               cudaMemcpyHostToDevice, s);
+    if (copied != cudaSuccess) return message(copied);
+    batched_rows_kernel<<<kc::blocks_for(tasks * count), kc::kThreads, 0, s>>>(result.keep, table.get<int64_t>(), tasks,
+                                                                               classes, count, rows);
+    return message(cudaGetLastError());
+  };
+  return batched_suppress<T, kernels::rotated::Polygon>(scores, tasks, count, &score_threshold, false,
+                                                        kc::BatchedRotatedBoxes<T>{boxes, classes, count},
+                                                        kc::RotatedOverlaps{iou_threshold}, s, finish);
+}
+
+template <class T>
+const char* nms_match(const T* boxes, const T* scores, int64_t batch, int64_t classes, int64_t count, T iou_threshold,
+                      T score_threshold, const std::function<int64_t*(int64_t)>& allocate, void* stream) {
+  namespace kc = kernels::cuda;
+  const auto s = static_cast<cudaStream_t>(stream);
+  const int64_t tasks = batch * classes, total = tasks * count;
+  auto finish = [&](const kc::BatchedNmsResult& result, const std::vector<int64_t>&) -> const char* {
+    size_t sort_bytes = 0;
+    cudaError_t error = cub::DeviceRadixSort::SortPairs(
+        nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+        static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr), static_cast<int>(total), 0, 32);
+    if (error != cudaSuccess) return message(error);
+    const auto n = static_cast<size_t>(total);
+    const size_t keys_at = 0, positions_at = kc::nms_device::aligned(2 * n * 4),
+                 counter_at = positions_at + kc::nms_device::aligned(2 * n * 8), sort_at = counter_at + 256;
+    const StreamBuffer work(sort_at + sort_bytes, s);
+    if (work.error() != cudaSuccess) return message(work.error());
+    auto* base = work.get<unsigned char>();
+    auto* keys = reinterpret_cast<uint32_t*>(base + keys_at);
+    auto* positions = reinterpret_cast<int64_t*>(base + positions_at);
+    auto* counter = reinterpret_cast<unsigned long long*>(base + counter_at);
+    if ((error = cudaMemsetAsync(counter, 0, sizeof(*counter), s)) != cudaSuccess) return message(error);
+    match_keys_kernel<T><<<kc::blocks_for(total), kc::kThreads, 0, s>>>(result.suppressor, result.order, scores, total,
+                                                                        score_threshold, keys, positions, counter);
+    if ((error = cudaGetLastError()) != cudaSuccess) return message(error);
+    error = cub::DeviceRadixSort::SortPairs(base + sort_at, sort_bytes, keys, keys + total, positions,
+                                            positions + total, static_cast<int>(total), 0, 32, s);
+    if (error != cudaSuccess) return message(error);
+    unsigned long long count_rows = 0;
+    if ((error = cudaMemcpyAsync(&count_rows, counter, sizeof(count_rows), cudaMemcpyDeviceToHost, s)) != cudaSuccess ||
+        (error = cudaStreamSynchronize(s)) != cudaSuccess) {
+      return message(error);
+    }
+    const auto found = static_cast<int64_t>(count_rows);
+    int64_t* rows = allocate(found);
+    if (found == 0) return nullptr;
+    match_rows_kernel<<<kc::blocks_for(found), kc::kThreads, 0, s>>>(keys + total, positions + total, result.order,
+                                                                     found, classes, count, rows);
+    return message(cudaGetLastError());
+  };
+  const double* every_candidate = nullptr;  // NMSMatch suppresses with every box; the threshold only filters rows
+  return batched_suppress<T, kc::AxisBox<T>>(scores, tasks, count, every_candidate, true,
+                                             kc::BatchedAxisBoxes<T>{boxes, classes, count},
+                                             kc::MatchOverlaps<T>{iou_threshold}, s, finish);
 }
 
 template const char* my_add(const float*, const float*, float*, const kernels::BinaryLoop&, void*);
@@ -292,7 +382,9 @@ template const char* grid_sample(const uint16_t*, const uint16_t*, uint16_t*, co
   template const char* nms_rotated(const T*, const T*, const int64_t*, int64_t, double, bool,                          \
                                    const std::function<int64_t*(int64_t)>&, void*);                                    \
   template const char* batched_nms_rotated(const T*, const T*, int64_t, int64_t, int64_t, double, double,              \
-                                           const std::function<int64_t*(int64_t)>&, void*);
+                                           const std::function<int64_t*(int64_t)>&, void*);                            \
+  template const char* nms_match(const T*, const T*, int64_t, int64_t, int64_t, T, T,                                  \
+                                 const std::function<int64_t*(int64_t)>&, void*);
 OPBRIDGE_ROTATED_LAUNCHES(float)
 OPBRIDGE_ROTATED_LAUNCHES(double)
 #undef OPBRIDGE_ROTATED_LAUNCHES

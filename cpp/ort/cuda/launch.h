@@ -79,4 +79,13 @@ const char* batched_nms_rotated(const T* boxes, const T* scores, int64_t batch, 
                                 double iou_threshold, double score_threshold,
                                 const std::function<int64_t*(int64_t)>& allocate, void* stream);
 
+// mmdeploy's NMSMatch: boxes [batch, count, 4] (x1, y1, x2, y2), scores [batch, classes, count] in device memory;
+// per (batch, class), greedy suppression over every box (IoU >= iou_threshold, kernels/nms.h's arithmetic); a kept
+// box whose score is > score_threshold gives a row (batch, class, kept, suppressed) per box it suppressed. The rows,
+// in batch, class, kept box's and suppressed box's score order, go to `allocate(rows)` (rows x 4 int64, device
+// memory) once their number is known (the call waits for the stream twice).
+template <class T>
+const char* nms_match(const T* boxes, const T* scores, int64_t batch, int64_t classes, int64_t count, T iou_threshold,
+                      T score_threshold, const std::function<int64_t*(int64_t)>& allocate, void* stream);
+
 }  // namespace opbridge::ort::cuda

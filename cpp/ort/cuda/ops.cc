@@ -106,6 +106,15 @@ struct Cuda {
                                     stream_of(context)));
   }
 
+  // The thresholds in host memory (the adapter asks for them there).
+  template <class T>
+  static void nms_match(OrtKernelContext* context, const T* boxes, const T* scores, int64_t batch, int64_t classes,
+                        int64_t count, const T* iou_threshold, const T* score_threshold,
+                        const nms_adapter::Allocate& allocate) {
+    check(cuda::nms_match(boxes, scores, batch, classes, count, *iou_threshold, *score_threshold, allocate,
+                          stream_of(context)));
+  }
+
   // Per kernel instance: nothing here.
   struct DeformConv2dState {
     explicit DeformConv2dState(const OrtKernelInfo*) {}
@@ -188,6 +197,10 @@ void append_mmdeploy_nms_rotated(Ops& ops) {
   nms_adapter::append_mmdeploy_nms_rotated<Cuda, float>(ops);
   nms_adapter::append_mmdeploy_nms_rotated<Cuda, double>(ops);
 }
+void append_nms_match(Ops& ops) {
+  nms_adapter::append_nms_match<Cuda, float>(ops);
+  nms_adapter::append_nms_match<Cuda, double>(ops);
+}
 
 }  // namespace
 
@@ -209,6 +222,7 @@ OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRotatedFeatureAlign, 1, append_mmcv_rotated_fe
 OPBRIDGE_ORT_OP(BoxIouRotated, 1, append_box_iou_rotated);
 OPBRIDGE_ORT_OP(NmsRotated, 1, append_nms_rotated);
 OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, NMSRotated, 1, append_mmdeploy_nms_rotated);
+OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, NMSMatch, 1, append_nms_match);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, NonMaxSuppression, 1, append_nms);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRoiAlign, 1, append_roi_align<roi_align_adapter::kOp>);
 OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVRoiAlign, 1, append_roi_align<roi_align_adapter::kMmdeployOp>);
