@@ -115,7 +115,7 @@ def test_inspect_says_which_nodes_run_on_the_cuda_provider(tmp_path):
         helper.make_node("grid_sampler", ["x", "g"], ["s"], domain="mmcv"),
         helper.make_node("NmsRotated", ["b", "sc"], ["keep"], domain="opbridge"),
         helper.make_node("NMSRotated", ["b3", "sc3"], ["selected"], domain="mmdeploy"),
-        helper.make_node("cummax", ["x"], ["values", "indices"], domain="mmcv", dim=0),
+        helper.make_node("SoftNonMaxSuppression", ["b", "sc"], ["values", "indices"], domain="mmcv"),
         helper.make_node("Relu", ["s"], ["y"]),
     ]
     graph = helper.make_graph(
@@ -131,7 +131,7 @@ def test_inspect_says_which_nodes_run_on_the_cuda_provider(tmp_path):
     assert cuda[("mmcv", "grid_sampler")] == ("yes" if has_cuda_library else "no")
     assert cuda[("opbridge", "NmsRotated")] == ("yes" if has_cuda_library else "no")
     assert cuda[("mmdeploy", "NMSRotated")] == ("yes" if has_cuda_library else "no")
-    assert cuda[("mmcv", "cummax")] == "no"  # a node the CUDA library does not have
+    assert cuda[("mmcv", "SoftNonMaxSuppression")] == "no"  # a node the CUDA library does not have
     assert cuda[("", "Relu")] == ("yes" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "?")
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=imports), str(path))

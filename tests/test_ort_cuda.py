@@ -109,6 +109,10 @@ def _model(op_type, domain, inputs, output_dtype, attributes=None):
 
 
 def _run(model, feeds, cuda):
+    return _run_all(model, feeds, cuda)[0]
+
+
+def _run_all(model, feeds, cuda):
     options = opbridge_ort.session_options()
     if cuda:
         options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # every node on the GPU, or fail
@@ -116,7 +120,7 @@ def _run(model, feeds, cuda):
     session = ort.InferenceSession(model, options, providers=providers)
     if cuda:
         assert session.get_providers()[0] == "CUDAExecutionProvider"
-    return session.run(None, {k: v for k, v in feeds.items() if v is not None})[0]
+    return session.run(None, {k: v for k, v in feeds.items() if v is not None})
 
 
 def _close(actual, expected, dtype):
@@ -334,7 +338,9 @@ def test_the_ort_cuda_library_registers_its_nodes_and_inspect_sees_them():
                  ("opbridge", "RotatedFeatureAlign"), ("mmcv", "MMCVRotatedFeatureAlign"),
                  ("opbridge", "BoxIouRotated"), ("mmcv", "MMCVRoiAlign"), ("mmdeploy", "MMCVRoiAlign"),
                  ("mmcv", "NonMaxSuppression"), ("opbridge", "NmsRotated"), ("mmdeploy", "NMSRotated"),
-                 ("mmdeploy", "NMSMatch")]:  # fmt: skip
+                 ("mmdeploy", "NMSMatch"),
+                 ("mmcv", "cummax"), ("mmcv", "cummin"), ("mmcv", "MMCVCornerPool"),
+                 ("mmcv", "MMCVPSAMask"), ("mmcv", "MMCVCARAFE"), ("mmcv", "MMCVCARAFENaive")]:  # fmt: skip
         assert node in nodes, node
     # Every CUDA node is also a CPU node of the main library (the CPU provider is the fallback).
     cpu = {("opbridge", op) for op in opbridge_ort.ops()} | set(opbridge_ort.foreign_ops())
@@ -627,3 +633,87 @@ def test_mmdeploy_nms_rotated_with_more_tasks_than_a_grid_layer_on_the_cuda_ep()
     expected = _run(model, feeds, cuda=False)
     assert expected.shape[0] > 66000 and set(expected[:, 1]) >= {0, 65535, 65999}
     np.testing.assert_array_equal(_run(model, feeds, cuda=True), expected)
+
+
+# --- mmcv's cummax, cummin and MMCVCornerPool -----------------------------------------------------------------------
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("op_type", ["cummax", "cummin"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_cummax_cummin_on_the_cuda_ep(op_type, dtype):
+    """Values and indices of mmcv::cummax / cummin on the GPU equal torch.cummax / torch.cummin's (ties take the
+    last index, a NaN propagates with the index of the last NaN) and the CPU node's, along every axis."""
+    from ort_cases import cummax as cases
+
+    rng = np.random.default_rng(7)
+    x = rng.integers(-3, 4, (3, 70, 5, 33)).astype(dtype)  # small integers: many ties
+    if dtype != np.int64:
+        x[0, 5, 1, 2], x[1, :, 2, 7] = np.nan, np.nan
+    reference = torch.cummax if op_type == "cummax" else torch.cummin
+    for dim in range(-4, 4):
+        model = cases.cumulative_model(op_type, dtype, dim=dim)
+        values, indices = _run_all(model, {"input": x}, cuda=True)
+        want = reference(torch.from_numpy(x), dim)
+        np.testing.assert_array_equal(values, want.values.numpy())
+        np.testing.assert_array_equal(indices, want.indices.numpy())
+        for got, cpu in zip((values, indices), _run_all(model, {"input": x}, cuda=False), strict=True):
+            np.testing.assert_array_equal(got, cpu)
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("mode", range(4))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_corner_pool_on_the_cuda_ep(mode, dtype):
+    """mmcv::MMCVCornerPool on the GPU: mmcv's formula (flip for top and left, torch.cummax along H or W, flip
+    back) and the CPU node's result."""
+    from ort_cases import cummax as cases
+
+    x = np.random.default_rng(mode).standard_normal((2, 5, 37, 66)).astype(dtype)
+    dim, flip = 2 if mode < 2 else 3, mode in (0, 2)
+    t = torch.from_numpy(x)
+    want = torch.cummax(t.flip(dim) if flip else t, dim).values
+    want = (want.flip(dim) if flip else want).numpy()
+    model = cases.cumulative_model("MMCVCornerPool", dtype, mode=mode)
+    np.testing.assert_array_equal(_run(model, {"input": x}, cuda=True), want)
+    np.testing.assert_array_equal(_run(model, {"input": x}, cuda=False), want)
+
+
+# --- mmcv's MMCVPSAMask and MMCVCARAFE ------------------------------------------------------------------------------
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("psa_type", [0, 1])
+@pytest.mark.parametrize(("size", "mask"), [((5, 7), (3, 3)), ((4, 6), (4, 5)), ((3, 2), (9, 9)), ((13, 17), (7, 9))])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_psa_mask_on_the_cuda_ep(psa_type, size, mask, dtype):
+    """mmcv::MMCVPSAMask on the GPU: the numpy reference written from the definition, and the CPU node, exactly
+    (odd and even windows, windows larger than the map)."""
+    from ort_cases import psa_mask as cases
+
+    x = np.random.default_rng(1).standard_normal((2, mask[0] * mask[1], *size)).astype(dtype)
+    model = cases.psa_mask_model(dtype, psa_type=psa_type, mask_size=list(mask))
+    want = cases.psa_mask_reference(x, psa_type, mask)
+    np.testing.assert_array_equal(_run(model, {"input": x}, cuda=True), want)
+    np.testing.assert_array_equal(_run(model, {"input": x}, cuda=False), want)
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("op_type", ["MMCVCARAFE", "MMCVCARAFENaive"])
+@pytest.mark.parametrize(("kernel", "group", "scale"), [(5, 1, 2), (3, 2, 3), (1, 1, 1), (3, 4, 2)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_carafe_on_the_cuda_ep(op_type, kernel, group, scale, dtype):
+    """mmcv's CARAFE nodes on the GPU: the numpy reference (float64), and the CPU node bit for bit (the same taps
+    added in the same order, no fused multiply-adds on either device)."""
+    from ort_cases import carafe as cases
+
+    rng = np.random.default_rng(kernel * 100 + group * 10 + scale)
+    x = rng.standard_normal((2, 8, 9, 11)).astype(dtype)
+    masks = rng.random((2, group * kernel * kernel, 9 * scale, 11 * scale)).astype(dtype)
+    model = cases.carafe_model(op_type, dtype, **cases.as_symbolic(kernel, group, scale))
+    feeds = {"features": x, "masks": masks}
+    out = _run(model, feeds, cuda=True)
+    tolerance = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(out, cases.carafe_reference(x, masks, kernel, group, scale), rtol=tolerance,
+                               atol=tolerance)  # fmt: skip
+    np.testing.assert_array_equal(out, _run(model, feeds, cuda=False))

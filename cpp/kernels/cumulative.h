@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/broadcast.h"
+#include "kernels/device.h"
 
 namespace opbridge::kernels {
 
@@ -43,9 +44,10 @@ inline Status check_cumulative(const char* op, const char* input, const std::vec
   return {};
 }
 
-// Whether `value` replaces the running `best` (see the header comment).
+// Whether `value` replaces the running `best` (see the header comment). Also the CUDA kernel's
+// (kernels/cumulative.cuh).
 template <bool Max, class T>
-bool replaces(T value, T best) {
+OPBRIDGE_HD_INLINE bool replaces(T value, T best) {
   if constexpr (std::is_floating_point_v<T>) {
     if (std::isnan(value)) return true;
     if (std::isnan(best)) return false;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/broadcast.h"
+#include "kernels/device.h"
 
 namespace opbridge::kernels {
 
@@ -47,29 +48,33 @@ inline Status check_psa_mask(const char* op, const std::vector<int64_t>& input, 
   return {};
 }
 
-// `out` must be zeroed by the caller. One task per (image, row h): collect writes the elements at (h, w) of
-// every channel, distribute the channels h * W + w; no two tasks write the same element.
+// Where output element (channel q, row a, column b) of an image comes from: its input element's index within the
+// image's input [hm * wm, H, W], or -1 where no window reaches it (the output is 0 there). Collect: q is the map
+// position (y, x) and (a, b) the window's centre (h, w); distribute: q is the centre and (a, b) the position. The
+// CPU kernel below and the CUDA one (kernels/psa_mask.cuh) both gather through it.
+OPBRIDGE_HD_INLINE int64_t psa_mask_source(const PsaMaskShape& s, int64_t q, int64_t a, int64_t b) {
+  const int64_t qy = q / s.width, qx = q - qy * s.width;
+  const int64_t half_h = (s.mask_h - 1) / 2, half_w = (s.mask_w - 1) / 2;
+  // The window cell (i, j) centred on (h, w) that covers (y, x): i = y - h + half_h, j = x - w + half_w.
+  const int64_t i = s.distribute ? a - qy + half_h : qy - a + half_h;
+  const int64_t j = s.distribute ? b - qx + half_w : qx - b + half_w;
+  if (i < 0 || i >= s.mask_h || j < 0 || j >= s.mask_w) return -1;
+  const int64_t centre = s.distribute ? q : a * s.width + b;
+  return (i * s.mask_w + j) * s.height * s.width + centre;
+}
+
+// out [N, H * W, H, W]: every element written. One task per (image, output channel).
 template <class T, class ParallelFor>
 void psa_mask(const T* input, T* out, const PsaMaskShape& s, ParallelFor&& parallel_for) {
   const int64_t pixels = s.height * s.width;
-  const int64_t half_h = (s.mask_h - 1) / 2, half_w = (s.mask_w - 1) / 2;
-  parallel_for(s.batch * s.height, [&](int64_t task) {
-    const int64_t n = task / s.height, h = task % s.height;
+  parallel_for(s.batch * pixels, [&](int64_t task) {
+    const int64_t n = task / pixels, q = task % pixels;
     const T* in = input + n * s.mask_h * s.mask_w * pixels;
-    T* o = out + n * pixels * pixels;
-    const int64_t i_begin = std::max<int64_t>(0, half_h - h), i_end = std::min(s.mask_h, s.height + half_h - h);
-    for (int64_t w = 0; w < s.width; ++w) {
-      const int64_t j_begin = std::max<int64_t>(0, half_w - w), j_end = std::min(s.mask_w, s.width + half_w - w);
-      for (int64_t i = i_begin; i < i_end; ++i) {
-        for (int64_t j = j_begin; j < j_end; ++j) {
-          const int64_t position = (h + i - half_h) * s.width + (w + j - half_w);
-          const T value = in[(i * s.mask_w + j) * pixels + h * s.width + w];
-          if (s.distribute) {
-            o[(h * s.width + w) * pixels + position] = value;
-          } else {
-            o[position * pixels + h * s.width + w] = value;
-          }
-        }
+    T* o = out + task * pixels;
+    for (int64_t a = 0; a < s.height; ++a) {
+      for (int64_t b = 0; b < s.width; ++b) {
+        const int64_t from = psa_mask_source(s, q, a, b);
+        o[a * s.width + b] = from < 0 ? T(0) : in[from];
       }
     }
   });

@@ -1,48 +1,29 @@
-// ORT adapter of kernels/psa_mask.h under the node mmcv's PSAMask symbolic writes (mmsegmentation's PSANet):
-// mmcv::MMCVPSAMask(input [N, mask_h * mask_w, H, W]) -> [N, H * W, H, W], int attribute psa_type (0 collect,
-// 1 distribute) and ints mask_size (mask_h, mask_w; one int for both). No ONNX Runtime kernel existed for it.
-// float and double.
-#include <algorithm>
-#include <string>
-#include <vector>
+// The CPU library's mmcv::MMCVPSAMask (its adapter, for both libraries, in ort/psa_mask.h): kernels/psa_mask.h on
+// the session's threads; float16 computed in float32.
+#include "ort/psa_mask.h"
 
-#include "kernels/psa_mask.h"
-#include "ort/api.h"
+#include <cstdint>
+#include <vector>
 
 namespace opbridge::ort {
 namespace {
 
-constexpr char kOp[] = "mmcv::MMCVPSAMask";
-
-template <class T>
-struct PsaMask {
-  PsaMask(const OrtApi* api, const OrtKernelInfo* info)
-      : psa_type(int_attribute(api, info, kOp, "psa_type", 0)),
-        mask_size(int_or_ints_attribute(api, info, kOp, "mask_size", {}, 2)) {}
-
-  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<T>& input, Ort::Custom::Tensor<T>& out) {
-    return guarded(kOp, [&] {
-      kernels::PsaMaskShape shape;
-      const auto status = kernels::check_psa_mask(kOp, input.Shape(), psa_type, mask_size, shape);
-      if (!status.ok()) return from_kernel(status);
-      const int64_t pixels = shape.height * shape.width;
-      KernelOutput<T> y(out.Allocate({shape.batch, pixels, shape.height, shape.width}), shape.batch * pixels * pixels);
-      std::fill(y.get(), y.get() + shape.batch * pixels * pixels, kernel_type<T>(0));
-      kernels::psa_mask(KernelInput<T>(input).get(), y.get(), shape, SessionThreads(context));
-      y.finish();
-      return Ort::Status(nullptr);
-    });
+struct Cpu {
+  static constexpr const char* kProvider = "CPUExecutionProvider";
+  template <class T>
+  static void psa_mask(OrtKernelContext* context, const T* input, T* out, const kernels::PsaMaskShape& s) {
+    const int64_t pixels = s.height * s.width;
+    KernelOutput<T> y(out, s.batch * pixels * pixels);
+    kernels::psa_mask(KernelInput<T>(input, s.batch * s.mask_h * s.mask_w * pixels).get(), y.get(), s,
+                      SessionThreads(context));
+    y.finish();
   }
-
-  int64_t psa_type;
-  std::vector<int64_t> mask_size;
 };
 
 void append_psa_mask(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<PsaMask<float>>("MMCVPSAMask", "CPUExecutionProvider")));
-  ops.push_back(complete_op(Ort::Custom::CreateLiteCustomOp<PsaMask<double>>("MMCVPSAMask", "CPUExecutionProvider")));
-  ops.push_back(
-      complete_op(Ort::Custom::CreateLiteCustomOp<PsaMask<Ort::Float16_t>>("MMCVPSAMask", "CPUExecutionProvider")));
+  psa_mask_adapter::append<Cpu, float>(ops);
+  psa_mask_adapter::append<Cpu, double>(ops);
+  psa_mask_adapter::append<Cpu, Ort::Float16_t>(ops);
 }
 
 }  // namespace

@@ -3,11 +3,14 @@
 
 #include <cuda_fp16.h>
 
+#include "kernels/carafe.cuh"
+#include "kernels/cumulative.cuh"
 #include "kernels/deform_conv2d.cuh"
 #include "kernels/grid_sample.cuh"
 #include "kernels/ms_deform_attn.cuh"
 #include "kernels/my_add.cuh"
 #include "kernels/nms.cuh"
+#include "kernels/psa_mask.cuh"
 #include "kernels/roi_align.cuh"
 #include "kernels/rotated.cuh"
 
@@ -345,6 +348,34 @@ const char* nms_match(const T* boxes, const T* scores, int64_t batch, int64_t cl
                                              kc::MatchOverlaps<T>{iou_threshold}, s, finish);
 }
 
+template <class T>
+const char* cumulative_extreme(const T* input, T* values, int64_t* indices, const kernels::CumulativeShape& shape,
+                               bool max, bool reverse, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  return message(max ? kernels::cuda::cumulative_extreme<true>(input, values, indices, shape, reverse, s)
+                     : kernels::cuda::cumulative_extreme<false>(input, values, indices, shape, reverse, s));
+}
+
+template <class T>
+const char* psa_mask(const T* input, T* out, const kernels::PsaMaskShape& shape, void* stream) {
+  return message(kernels::cuda::psa_mask(input, out, shape, static_cast<cudaStream_t>(stream)));
+}
+
+template <class T>
+const char* carafe(const T* features, const T* masks, T* out, const kernels::CarafeShape& shape, void* stream) {
+  return message(kernels::cuda::carafe(features, masks, out, shape, static_cast<cudaStream_t>(stream)));
+}
+
+template const char* carafe(const float*, const float*, float*, const kernels::CarafeShape&, void*);
+template const char* carafe(const double*, const double*, double*, const kernels::CarafeShape&, void*);
+template const char* psa_mask(const float*, float*, const kernels::PsaMaskShape&, void*);
+template const char* psa_mask(const double*, double*, const kernels::PsaMaskShape&, void*);
+template const char* cumulative_extreme(const float*, float*, int64_t*, const kernels::CumulativeShape&, bool, bool,
+                                        void*);
+template const char* cumulative_extreme(const double*, double*, int64_t*, const kernels::CumulativeShape&, bool, bool,
+                                        void*);
+template const char* cumulative_extreme(const int64_t*, int64_t*, int64_t*, const kernels::CumulativeShape&, bool, bool,
+                                        void*);
 template const char* my_add(const float*, const float*, float*, const kernels::BinaryLoop&, void*);
 template const char* my_add(const double*, const double*, double*, const kernels::BinaryLoop&, void*);
 template const char* my_add(const uint16_t*, const uint16_t*, uint16_t*, const kernels::BinaryLoop&, void*);

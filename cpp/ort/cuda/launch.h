@@ -11,9 +11,12 @@
 
 #include "kernels/box_iou_rotated.h"
 #include "kernels/broadcast.h"
+#include "kernels/carafe.h"
+#include "kernels/cumulative.h"
 #include "kernels/deform_conv2d.h"
 #include "kernels/grid_sample_taps.h"
 #include "kernels/ms_deform_attn.h"
+#include "kernels/psa_mask.h"
 #include "kernels/rotated_feature_align.h"
 
 namespace opbridge::ort::cuda {
@@ -87,5 +90,19 @@ const char* batched_nms_rotated(const T* boxes, const T* scores, int64_t batch, 
 template <class T>
 const char* nms_match(const T* boxes, const T* scores, int64_t batch, int64_t classes, int64_t count, T iou_threshold,
                       T score_threshold, const std::function<int64_t*(int64_t)>& allocate, void* stream);
+
+// Running extremes (mmcv's cummax, cummin, MMCVCornerPool): max or min, from the far end when `reverse`; indices
+// may be null. T: float, double or int64_t.
+template <class T>
+const char* cumulative_extreme(const T* input, T* values, int64_t* indices, const kernels::CumulativeShape& shape,
+                               bool max, bool reverse, void* stream);
+
+// mmcv's PSAMask: out [N, H * W, H, W], every element written.
+template <class T>
+const char* psa_mask(const T* input, T* out, const kernels::PsaMaskShape& shape, void* stream);
+
+// mmcv's CARAFE: out [N, C, H * s, W * s].
+template <class T>
+const char* carafe(const T* features, const T* masks, T* out, const kernels::CarafeShape& shape, void* stream);
 
 }  // namespace opbridge::ort::cuda

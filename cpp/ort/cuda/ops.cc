@@ -5,12 +5,15 @@
 #include <stdexcept>
 #include <string>
 
+#include "ort/carafe.h"
 #include "ort/cuda/launch.h"
+#include "ort/cummax.h"
 #include "ort/deform_conv2d.h"
 #include "ort/grid_sampler.h"
 #include "ort/ms_deform_attn.h"
 #include "ort/my_add.h"
 #include "ort/nms.h"
+#include "ort/psa_mask.h"
 #include "ort/roi_align.h"
 #include "ort/rotated.h"
 
@@ -115,6 +118,23 @@ struct Cuda {
                           stream_of(context)));
   }
 
+  template <bool Max, class T>
+  static void cumulative_extreme(OrtKernelContext* context, const T* input, T* values, int64_t* indices,
+                                 const kernels::CumulativeShape& shape, bool reverse) {
+    check(cuda::cumulative_extreme(input, values, indices, shape, Max, reverse, stream_of(context)));
+  }
+
+  template <class T>
+  static void psa_mask(OrtKernelContext* context, const T* input, T* out, const kernels::PsaMaskShape& shape) {
+    check(cuda::psa_mask(input, out, shape, stream_of(context)));
+  }
+
+  template <class T>
+  static void carafe(OrtKernelContext* context, const T* features, const T* masks, T* out,
+                     const kernels::CarafeShape& shape) {
+    check(cuda::carafe(features, masks, out, shape, stream_of(context)));
+  }
+
   // Per kernel instance: nothing here.
   struct DeformConv2dState {
     explicit DeformConv2dState(const OrtKernelInfo*) {}
@@ -201,6 +221,30 @@ void append_nms_match(Ops& ops) {
   nms_adapter::append_nms_match<Cuda, float>(ops);
   nms_adapter::append_nms_match<Cuda, double>(ops);
 }
+template <bool Max, const char* Op>
+void append_cumulative(const char* op_type, Ops& ops) {
+  cumulative_adapter::append_cumulative<Cuda, float, Max, Op>(op_type, ops);
+  cumulative_adapter::append_cumulative<Cuda, double, Max, Op>(op_type, ops);
+  cumulative_adapter::append_cumulative<Cuda, int64_t, Max, Op>(op_type, ops);
+}
+void append_cummax(Ops& ops) { append_cumulative<true, cumulative_adapter::kCummax>("cummax", ops); }
+void append_cummin(Ops& ops) { append_cumulative<false, cumulative_adapter::kCummin>("cummin", ops); }
+void append_corner_pool(Ops& ops) {
+  cumulative_adapter::append_corner_pool<Cuda, float>(ops);
+  cumulative_adapter::append_corner_pool<Cuda, double>(ops);
+}
+void append_psa_mask(Ops& ops) {
+  psa_mask_adapter::append<Cuda, float>(ops);
+  psa_mask_adapter::append<Cuda, double>(ops);
+}
+void append_carafe(Ops& ops) {
+  carafe_adapter::append<Cuda, float>(ops);
+  carafe_adapter::append<Cuda, double>(ops);
+}
+void append_carafe_naive(Ops& ops) {
+  carafe_adapter::append_naive<Cuda, float>(ops);
+  carafe_adapter::append_naive<Cuda, double>(ops);
+}
 
 }  // namespace
 
@@ -223,6 +267,12 @@ OPBRIDGE_ORT_OP(BoxIouRotated, 1, append_box_iou_rotated);
 OPBRIDGE_ORT_OP(NmsRotated, 1, append_nms_rotated);
 OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, NMSRotated, 1, append_mmdeploy_nms_rotated);
 OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, NMSMatch, 1, append_nms_match);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, cummax, 1, append_cummax);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, cummin, 1, append_cummin);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVCornerPool, 1, append_corner_pool);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVPSAMask, 1, append_psa_mask);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVCARAFE, 1, append_carafe);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVCARAFENaive, 1, append_carafe_naive);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, NonMaxSuppression, 1, append_nms);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRoiAlign, 1, append_roi_align<roi_align_adapter::kOp>);
 OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVRoiAlign, 1, append_roi_align<roi_align_adapter::kMmdeployOp>);
