@@ -340,7 +340,8 @@ def test_the_ort_cuda_library_registers_its_nodes_and_inspect_sees_them():
                  ("mmcv", "NonMaxSuppression"), ("opbridge", "NmsRotated"), ("mmdeploy", "NMSRotated"),
                  ("mmdeploy", "NMSMatch"),
                  ("mmcv", "cummax"), ("mmcv", "cummin"), ("mmcv", "MMCVCornerPool"),
-                 ("mmcv", "MMCVPSAMask"), ("mmcv", "MMCVCARAFE"), ("mmcv", "MMCVCARAFENaive")]:  # fmt: skip
+                 ("mmcv", "MMCVPSAMask"), ("mmcv", "MMCVCARAFE"), ("mmcv", "MMCVCARAFENaive"),
+                 ("mmcv", "MMCVMaskedConv2d")]:  # fmt: skip
         assert node in nodes, node
     # Every CUDA node is also a CPU node of the main library (the CPU provider is the fallback).
     cpu = {("opbridge", op) for op in opbridge_ort.ops()} | set(opbridge_ort.foreign_ops())
@@ -717,3 +718,42 @@ def test_carafe_on_the_cuda_ep(op_type, kernel, group, scale, dtype):
     np.testing.assert_allclose(out, cases.carafe_reference(x, masks, kernel, group, scale), rtol=tolerance,
                                atol=tolerance)  # fmt: skip
     np.testing.assert_array_equal(out, _run(model, feeds, cuda=False))
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize(
+    ("kernel", "padding"), [((3, 3), (1, 1)), ((1, 1), (0, 0)), ((3, 5), (1, 2)), ((2, 2), (1, 0))]
+)
+@pytest.mark.parametrize("mask_dtype", ["float", bool])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_masked_conv2d_on_the_cuda_ep(kernel, padding, mask_dtype, dtype):
+    """mmcv::MMCVMaskedConv2d on the GPU (its mask read in host memory): the float64 numpy reference and the CPU
+    node, with and without bias, an empty mask giving zeros, and a masked position outside the output refused."""
+    from ort_cases import masked_conv2d as cases
+
+    rng = np.random.default_rng(kernel[0] * 10 + padding[1])
+    kh, kw = kernel
+    x = rng.standard_normal((1, 16, 23, 31)).astype(dtype)
+    weight = rng.standard_normal((12, 16, kh, kw)).astype(dtype)
+    bias = rng.standard_normal(12).astype(dtype)
+    out_h, out_w = 23 + 2 * padding[0] - kh + 1, 31 + 2 * padding[1] - kw + 1
+    score = np.zeros((1, 23, 31))
+    score[:, : min(23, out_h), : min(31, out_w)] = rng.random((1, min(23, out_h), min(31, out_w))) - 0.4
+    tolerance = 1e-10 if dtype == np.float64 else 1e-4
+    for values in (score, np.zeros_like(score)):
+        mask = (values > 0) if mask_dtype is bool else values.astype(dtype)
+        for with_bias in (True, False):
+            model = cases.masked_conv_model(dtype, bool if mask_dtype is bool else dtype, with_bias,
+                                            padding=list(padding), stride=[1, 1])  # fmt: skip
+            feeds = {"features": x, "mask": mask, "weight": weight} | ({"bias": bias} if with_bias else {})
+            out = _run(model, feeds, cuda=True)
+            want = cases.masked_conv_reference(x, values, weight, bias if with_bias else None, padding)
+            np.testing.assert_allclose(out, want, rtol=tolerance, atol=tolerance)
+            np.testing.assert_allclose(out, _run(model, feeds, cuda=False), rtol=tolerance, atol=tolerance)
+    if out_h < 23 or out_w < 31:  # a position the output does not have
+        outside = np.zeros((1, 23, 31), bool if mask_dtype is bool else dtype)
+        outside[0, 22, 30] = 1
+        model = cases.masked_conv_model(dtype, bool if mask_dtype is bool else dtype, False, padding=list(padding),
+                                        stride=[1, 1])  # fmt: skip
+        with pytest.raises(Exception, match="outside the output"):
+            _run(model, {"features": x, "mask": outside, "weight": weight}, cuda=True)

@@ -7,6 +7,7 @@
 #include "kernels/cumulative.cuh"
 #include "kernels/deform_conv2d.cuh"
 #include "kernels/grid_sample.cuh"
+#include "kernels/masked_conv2d.cuh"
 #include "kernels/ms_deform_attn.cuh"
 #include "kernels/my_add.cuh"
 #include "kernels/nms.cuh"
@@ -366,6 +367,26 @@ const char* carafe(const T* features, const T* masks, T* out, const kernels::Car
   return message(kernels::cuda::carafe(features, masks, out, shape, static_cast<cudaStream_t>(stream)));
 }
 
+template <class T>
+const char* masked_conv2d(const T* features, const std::vector<int64_t>& positions, const T* weight, const T* bias,
+                          T* out, const kernels::MaskedConv2dShape& shape, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto count = static_cast<int64_t>(positions.size());
+  const StreamBuffer table(sizeof(int64_t) * positions.size(), s);
+  if (table.error() != cudaSuccess) return message(table.error());
+  if (count > 0) {
+    // From pageable memory: returns once `positions` is staged.
+    const cudaError_t copied = cudaMemcpyAsync(table.get<int64_t>(), positions.data(),
+                                               sizeof(int64_t) * positions.size(), cudaMemcpyHostToDevice, s);
+    if (copied != cudaSuccess) return message(copied);
+  }
+  return message(kernels::cuda::masked_conv2d(features, table.get<int64_t>(), count, weight, bias, out, shape, s));
+}
+
+template const char* masked_conv2d(const float*, const std::vector<int64_t>&, const float*, const float*, float*,
+                                   const kernels::MaskedConv2dShape&, void*);
+template const char* masked_conv2d(const double*, const std::vector<int64_t>&, const double*, const double*, double*,
+                                   const kernels::MaskedConv2dShape&, void*);
 template const char* carafe(const float*, const float*, float*, const kernels::CarafeShape&, void*);
 template const char* carafe(const double*, const double*, double*, const kernels::CarafeShape&, void*);
 template const char* psa_mask(const float*, float*, const kernels::PsaMaskShape&, void*);

@@ -15,6 +15,7 @@
 #include "kernels/cumulative.h"
 #include "kernels/deform_conv2d.h"
 #include "kernels/grid_sample_taps.h"
+#include "kernels/masked_conv2d.h"
 #include "kernels/ms_deform_attn.h"
 #include "kernels/psa_mask.h"
 #include "kernels/rotated_feature_align.h"
@@ -104,5 +105,11 @@ const char* psa_mask(const T* input, T* out, const kernels::PsaMaskShape& shape,
 // mmcv's CARAFE: out [N, C, H * s, W * s].
 template <class T>
 const char* carafe(const T* features, const T* masks, T* out, const kernels::CarafeShape& shape, void* stream);
+
+// mmcv's MaskedConv2d: out [O, Ho, Wo] zeroed, then the masked positions (flat h * W + w, read and checked on the
+// host; copied to the device here) computed. bias may be null.
+template <class T>
+const char* masked_conv2d(const T* features, const std::vector<int64_t>& positions, const T* weight, const T* bias,
+                          T* out, const kernels::MaskedConv2dShape& shape, void* stream);
 
 }  // namespace opbridge::ort::cuda

@@ -10,6 +10,7 @@
 #include "ort/cummax.h"
 #include "ort/deform_conv2d.h"
 #include "ort/grid_sampler.h"
+#include "ort/masked_conv2d.h"
 #include "ort/ms_deform_attn.h"
 #include "ort/my_add.h"
 #include "ort/nms.h"
@@ -135,6 +136,12 @@ struct Cuda {
     check(cuda::carafe(features, masks, out, shape, stream_of(context)));
   }
 
+  template <class T>
+  static void masked_conv2d(OrtKernelContext* context, const T* features, const std::vector<int64_t>& positions,
+                            const T* weight, const T* bias, T* out, const kernels::MaskedConv2dShape& shape) {
+    check(cuda::masked_conv2d(features, positions, weight, bias, out, shape, stream_of(context)));
+  }
+
   // Per kernel instance: nothing here.
   struct DeformConv2dState {
     explicit DeformConv2dState(const OrtKernelInfo*) {}
@@ -245,6 +252,7 @@ void append_carafe_naive(Ops& ops) {
   carafe_adapter::append_naive<Cuda, float>(ops);
   carafe_adapter::append_naive<Cuda, double>(ops);
 }
+void append_masked_conv2d(Ops& ops) { masked_conv2d_adapter::append<Cuda>(ops); }
 
 }  // namespace
 
@@ -273,6 +281,7 @@ OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVCornerPool, 1, append_corner_pool);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVPSAMask, 1, append_psa_mask);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVCARAFE, 1, append_carafe);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVCARAFENaive, 1, append_carafe_naive);
+OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVMaskedConv2d, 1, append_masked_conv2d);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, NonMaxSuppression, 1, append_nms);
 OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVRoiAlign, 1, append_roi_align<roi_align_adapter::kOp>);
 OPBRIDGE_ORT_FOREIGN_OP(mmdeploy, MMCVRoiAlign, 1, append_roi_align<roi_align_adapter::kMmdeployOp>);
