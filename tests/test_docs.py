@@ -86,3 +86,37 @@ def test_ops_table_is_current():
     assert catalog.main(["--check", str(ROOT / "docs" / "ops.md")]) == 0, (
         "docs/ops.md is stale: run python -m opbridge ops --markdown docs/ops.md"
     )
+
+
+def test_readme_table_is_current():
+    """README's short table is generated from the op specs and the sources (the nodes each C++ file registers, the
+    CUDA library's nodes, the torch ops with a CUDA kernel): a node or a CUDA kernel cannot be added or dropped
+    without it."""
+    from opbridge.tools import catalog
+
+    assert catalog.main(["--check-readme", str(ROOT / "README.md")]) == 0, (
+        "README.md's table is stale: run python -m opbridge ops --readme README.md"
+    )
+
+
+def test_readme_table_reads_the_sources(tmp_path):
+    """The CUDA column follows cpp/ort/cuda/ops.cc and cpp/cuda/: a copy of the sources without the CUDA
+    registrations of one node and one torch op gives a table that says so."""
+    import shutil
+
+    import opbridge
+    from opbridge.tools import catalog
+
+    opbridge._load()
+    for part in ("cpp/ort", "cpp/cuda"):
+        shutil.copytree(ROOT / part, tmp_path / part)
+    ops = tmp_path / "cpp/ort/cuda/ops.cc"
+    registration = "OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVPSAMask"
+    assert registration in ops.read_text()
+    ops.write_text(ops.read_text().replace(registration, "// (mmcv, MMCVPSAMask"))
+    (tmp_path / "cpp/cuda/nms_rotated.cu").unlink()
+    table = catalog.readme_table(tmp_path)
+    nms = next(line for line in table.splitlines() if line.startswith("| `nms_rotated`"))
+    assert nms.endswith("| no / yes |"), nms
+    assert "— / all but `mmcv::SoftNonMaxSuppression`, `mmcv::MMCVPSAMask` |" in table
+    assert catalog.readme_table(ROOT) != table

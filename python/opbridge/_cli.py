@@ -89,6 +89,10 @@ def ops_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m opbridge ops", description=COMMANDS["ops"] + ".")
     parser.add_argument("--markdown", type=Path, help="write the table here (docs/ops.md)")
     parser.add_argument("--check", type=Path, help="exit 1 if this file differs from the table")
+    parser.add_argument(
+        "--readme", type=Path, help="rewrite the short table of this README (from the sources beside it)"
+    )
+    parser.add_argument("--check-readme", type=Path, help="exit 1 if this README's short table is stale")
     return parser
 
 
