@@ -757,3 +757,29 @@ def test_masked_conv2d_on_the_cuda_ep(kernel, padding, mask_dtype, dtype):
                                         stride=[1, 1])  # fmt: skip
         with pytest.raises(Exception, match="outside the output"):
             _run(model, {"features": x, "mask": outside, "weight": weight}, cuda=True)
+
+
+# --- float16 on the CUDA provider -----------------------------------------------------------------------------------
+
+
+def _float16_cases():
+    from test_mixed_precision import _float16_node_cases
+
+    return [case for case in _float16_node_cases() if case[0] != "mmcv::SoftNonMaxSuppression"]
+
+
+@needs_cuda_ep
+@pytest.mark.parametrize("index", range(18))
+def test_float16_nodes_on_the_cuda_ep_give_the_cpu_nodes_bits(index):
+    """Every CUDA node of a float16 model (mmcv's, mmdeploy's and opbridge's rotated nodes: inputs widened to
+    float32 on the device, the float32 kernel, the output rounded once) runs on the GPU and gives the CPU node's
+    float16 result bit for bit (the CPU node is its float32 node rounded once: tests/test_mixed_precision.py);
+    SoftNonMaxSuppression has no CUDA kernel."""
+    cases = _float16_cases()
+    assert len(cases) == 18, "update the parametrization's range to the number of cases"
+    name, build, feeds = cases[index]
+    model = build(np.float16)
+    feeds = {k: v.astype(np.float16) if v.dtype.kind == "f" else v for k, v in feeds.items()}
+    for got, want in zip(_run_all(model, feeds, cuda=True), _run_all(model, feeds, cuda=False), strict=True):
+        assert got.dtype == want.dtype, name
+        np.testing.assert_array_equal(got, want, err_msg=name)

@@ -35,10 +35,7 @@ struct Cpu {
 
 void append_masked_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   masked_conv2d_adapter::append<Cpu>(ops);
-  using masked_conv2d_adapter::make_op;
-  constexpr auto kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-  ops.push_back(make_op<Cpu, Ort::Float16_t, Ort::Float16_t, kHalf, kHalf>());
-  ops.push_back(make_op<Cpu, Ort::Float16_t, bool, kHalf, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL>());
+  masked_conv2d_adapter::append_half<Cpu>(ops);
 }
 
 }  // namespace

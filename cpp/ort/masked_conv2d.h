@@ -3,8 +3,8 @@
 // [1, C, H, W], mask [1, H, W] (float or bool: positions where mask > 0), weight [O, C, kh, kw], bias [O]
 // (optional)) -> [1, O, Ho, Wo], ints padding and stride (pairs, or one int; stride must be 1). No ONNX Runtime
 // kernel existed for it. The mask is read in host memory (its positions are found and checked there); `Device`
-// runs the checked call: the CPU library's (masked_conv2d.cc: float, double and float16) or the CUDA one's
-// (cuda/ops.cc: float and double).
+// runs the checked call: the CPU library's (masked_conv2d.cc) or the CUDA one's (cuda/ops.cc); float, double and
+// float16 (computed in float32) on both.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +73,14 @@ void append(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(make_op<Device, float, bool, kFloat, kBool>());
   ops.push_back(make_op<Device, double, double, kDouble, kDouble>());
   ops.push_back(make_op<Device, double, bool, kDouble, kBool>());
+}
+
+// float16 features, with a float16 or bool mask.
+template <class Device>
+void append_half(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  constexpr auto kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  ops.push_back(make_op<Device, Ort::Float16_t, Ort::Float16_t, kHalf, kHalf>());
+  ops.push_back(make_op<Device, Ort::Float16_t, bool, kHalf, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL>());
 }
 
 }  // namespace opbridge::ort::masked_conv2d_adapter

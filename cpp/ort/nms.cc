@@ -8,7 +8,8 @@
 // - mmdeploy::NMSMatch (ort/nms.h, its adapter for both libraries): mmdeploy's multiclass_nms_match.
 // mmcv's kernels require every attribute; absent here, they take mmcv.ops.nms's and soft_nms's Python defaults
 // (iou_threshold 0.3 for soft NMS, sigma 0.5, min_score 1e-3, method linear, offset 0; NMS has no default
-// threshold, so it is required). float and double.
+// threshold, so it is required). float, double and float16 (computed in float32); SoftNonMaxSuppression on the CPU
+// only (its rounds are sequential: one block on a GPU would be slower than this loop).
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>

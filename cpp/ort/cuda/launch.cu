@@ -6,6 +6,7 @@
 #include "kernels/carafe.cuh"
 #include "kernels/cumulative.cuh"
 #include "kernels/deform_conv2d.cuh"
+#include "kernels/float16.h"
 #include "kernels/grid_sample.cuh"
 #include "kernels/masked_conv2d.cuh"
 #include "kernels/ms_deform_attn.cuh"
@@ -83,28 +84,40 @@ const char* grid_sample(const T* input, const T* grid, T* out, const kernels::Gr
                                                     static_cast<cudaStream_t>(stream)));
 }
 
-// `bytes` of stream-ordered device memory for the kernels of one call, freed after them on the same stream.
-class StreamBuffer {
- public:
-  StreamBuffer(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    error_ = cudaMallocAsync(&data_, bytes > 0 ? bytes : 1, stream);
-  }
-  ~StreamBuffer() {
-    if (data_ != nullptr) cudaFreeAsync(data_, stream_);
-  }
-  StreamBuffer(const StreamBuffer&) = delete;
-  StreamBuffer& operator=(const StreamBuffer&) = delete;
-  template <class U>
-  U* get() const {
-    return static_cast<U*>(data_);
-  }
-  cudaError_t error() const { return error_; }
+DeviceScratch::DeviceScratch(size_t bytes, void* stream) : stream_(stream) {
+  error_ = message(cudaMallocAsync(&data_, bytes > 0 ? bytes : 1, static_cast<cudaStream_t>(stream)));
+  if (error_ != nullptr) data_ = nullptr;
+}
 
- private:
-  cudaStream_t stream_;
-  void* data_ = nullptr;
-  cudaError_t error_;
-};
+DeviceScratch::~DeviceScratch() {
+  if (data_ != nullptr) cudaFreeAsync(data_, static_cast<cudaStream_t>(stream_));
+}
+
+namespace {
+
+__global__ void widen_kernel(const uint16_t* __restrict__ in, float* __restrict__ out, int64_t count) {
+  OPBRIDGE_GRID_LOOP(i, count) { out[i] = kernels::SoftFloat16::to_float(in[i]); }
+}
+
+__global__ void narrow_kernel(const float* __restrict__ in, uint16_t* __restrict__ out, int64_t count) {
+  OPBRIDGE_GRID_LOOP(i, count) { out[i] = kernels::SoftFloat16::from_float(in[i]); }
+}
+
+}  // namespace
+
+const char* widen_float16(const uint16_t* in, float* out, int64_t count, void* stream) {
+  if (count <= 0) return nullptr;
+  widen_kernel<<<kernels::cuda::blocks_for(count), kernels::cuda::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      in, out, count);
+  return message(cudaGetLastError());
+}
+
+const char* narrow_float16(const float* in, uint16_t* out, int64_t count, void* stream) {
+  if (count <= 0) return nullptr;
+  narrow_kernel<<<kernels::cuda::blocks_for(count), kernels::cuda::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      in, out, count);
+  return message(cudaGetLastError());
+}
 
 // The rois read and checked on the host, in stream-ordered device memory for the kernel (from pageable memory:
 // the copy returns once `rois` is staged, so the vector may go).
@@ -112,8 +125,8 @@ template <class Launch>
 const char* with_rois(const std::vector<kernels::roi_align_rotated_detail::Roi>& rois, cudaStream_t stream,
                       Launch&& launch) {
   using Roi = kernels::roi_align_rotated_detail::Roi;
-  const StreamBuffer table(sizeof(Roi) * rois.size(), stream);
-  if (table.error() != cudaSuccess) return message(table.error());
+  const DeviceScratch table(sizeof(Roi) * rois.size(), stream);
+  if (table.error() != nullptr) return table.error();
   const cudaError_t copied =
       cudaMemcpyAsync(table.get<Roi>(), rois.data(), sizeof(Roi) * rois.size(), cudaMemcpyHostToDevice, stream);
   if (copied != cudaSuccess) return message(copied);
@@ -150,8 +163,8 @@ const char* box_iou_rotated(const T* boxes1, const T* boxes2, T* out, const kern
                             int64_t mode, bool clockwise, void* stream) {
   using kernels::rotated::Polygon;
   const auto s = static_cast<cudaStream_t>(stream);
-  const StreamBuffer polygons(sizeof(Polygon) * (shape.rows + shape.cols), s);
-  if (polygons.error() != cudaSuccess) return message(polygons.error());
+  const DeviceScratch polygons(sizeof(Polygon) * (shape.rows + shape.cols), s);
+  if (polygons.error() != nullptr) return polygons.error();
   return message(kernels::cuda::box_iou_rotated_forward(
       boxes1, boxes2, out, shape, mode, clockwise, polygons.get<Polygon>(), polygons.get<Polygon>() + shape.rows, s));
 }
@@ -168,8 +181,8 @@ const char* suppress(const T* scores, const int64_t* groups, int64_t count, Prep
   if (const cudaError_t error = kernels::cuda::NmsPlan<T, Box>::make(count, plan); error != cudaSuccess) {
     return message(error);
   }
-  const StreamBuffer workspace(plan.bytes, stream);
-  if (workspace.error() != cudaSuccess) return message(workspace.error());
+  const DeviceScratch workspace(plan.bytes, stream);
+  if (workspace.error() != nullptr) return workspace.error();
   const int64_t* keep = nullptr;
   int64_t kept = 0;
   if (const cudaError_t error =
@@ -262,8 +275,8 @@ const char* batched_suppress(const T* scores, int64_t tasks, int64_t count, cons
   if (const cudaError_t error = kc::BatchedNmsPlan<T, Box>::make(tasks, count, record, plan); error != cudaSuccess) {
     return message(error);
   }
-  const StreamBuffer workspace(plan.bytes, stream);
-  if (workspace.error() != cudaSuccess) return message(workspace.error());
+  const DeviceScratch workspace(plan.bytes, stream);
+  if (workspace.error() != nullptr) return workspace.error();
   kc::BatchedNmsResult result;
   std::vector<int64_t> kept(static_cast<size_t>(tasks), 0);
   if (const cudaError_t error = kc::batched_nms(plan, workspace.get<void>(), scores, score_threshold, prepare, overlaps,
@@ -288,8 +301,8 @@ const char* batched_nms_rotated(const T* boxes, const T* scores, int64_t batch, 
     for (size_t t = 0; t < kept.size(); ++t) offsets[t + 1] = offsets[t] + kept[t];
     int64_t* rows = allocate(offsets.back());
     if (offsets.back() == 0) return nullptr;
-    const StreamBuffer table(sizeof(int64_t) * offsets.size(), s);
-    if (table.error() != cudaSuccess) return message(table.error());
+    const DeviceScratch table(sizeof(int64_t) * offsets.size(), s);
+    if (table.error() != nullptr) return table.error();
     // From pageable memory: returns once `offsets` is staged.
     const cudaError_t copied = cudaMemcpyAsync(table.get<int64_t>(), offsets.data(), sizeof(int64_t) * offsets.size(),
                                                cudaMemcpyHostToDevice, s);
@@ -318,8 +331,8 @@ const char* nms_match(const T* boxes, const T* scores, int64_t batch, int64_t cl
     const auto n = static_cast<size_t>(total);
     const size_t keys_at = 0, positions_at = kc::nms_device::aligned(2 * n * 4),
                  counter_at = positions_at + kc::nms_device::aligned(2 * n * 8), sort_at = counter_at + 256;
-    const StreamBuffer work(sort_at + sort_bytes, s);
-    if (work.error() != cudaSuccess) return message(work.error());
+    const DeviceScratch work(sort_at + sort_bytes, s);
+    if (work.error() != nullptr) return work.error();
     auto* base = work.get<unsigned char>();
     auto* keys = reinterpret_cast<uint32_t*>(base + keys_at);
     auto* positions = reinterpret_cast<int64_t*>(base + positions_at);
@@ -372,8 +385,8 @@ const char* masked_conv2d(const T* features, const std::vector<int64_t>& positio
                           T* out, const kernels::MaskedConv2dShape& shape, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   const auto count = static_cast<int64_t>(positions.size());
-  const StreamBuffer table(sizeof(int64_t) * positions.size(), s);
-  if (table.error() != cudaSuccess) return message(table.error());
+  const DeviceScratch table(sizeof(int64_t) * positions.size(), s);
+  if (table.error() != nullptr) return table.error();
   if (count > 0) {
     // From pageable memory: returns once `positions` is staged.
     const cudaError_t copied = cudaMemcpyAsync(table.get<int64_t>(), positions.data(),
