@@ -768,13 +768,21 @@ def _float16_cases():
     return [case for case in _float16_node_cases() if case[0] != "mmcv::SoftNonMaxSuppression"]
 
 
+# Nodes whose float32 kernels sum in another order on each device (the CPU's GEMM, double sums of RoIAlign's
+# samples): their float32 results agree to rounding, so their float16 results may differ by one unit in the last
+# place where a float32 value lies next to a float16 rounding boundary. The others are exact on both devices.
+ROUNDING_FLOAT16 = ("mmcv::MMCVMaskedConv2d", "mmcv::MMCVRoiAlign", "RoIAlignRotated", "RoiAlignRotated",
+                    "RotatedFeatureAlign", "BoxIouRotated")  # fmt: skip
+
+
 @needs_cuda_ep
 @pytest.mark.parametrize("index", range(18))
-def test_float16_nodes_on_the_cuda_ep_give_the_cpu_nodes_bits(index):
+def test_float16_nodes_on_the_cuda_ep_give_the_cpu_nodes_result(index):
     """Every CUDA node of a float16 model (mmcv's, mmdeploy's and opbridge's rotated nodes: inputs widened to
     float32 on the device, the float32 kernel, the output rounded once) runs on the GPU and gives the CPU node's
-    float16 result bit for bit (the CPU node is its float32 node rounded once: tests/test_mixed_precision.py);
-    SoftNonMaxSuppression has no CUDA kernel."""
+    float16 result (the CPU node is its float32 node rounded once: tests/test_mixed_precision.py): bit for bit, or
+    within one unit in the last place for the nodes whose float32 sums differ in order between the devices (index
+    outputs always equal). SoftNonMaxSuppression has no CUDA kernel."""
     cases = _float16_cases()
     assert len(cases) == 18, "update the parametrization's range to the number of cases"
     name, build, feeds = cases[index]
@@ -782,4 +790,25 @@ def test_float16_nodes_on_the_cuda_ep_give_the_cpu_nodes_bits(index):
     feeds = {k: v.astype(np.float16) if v.dtype.kind == "f" else v for k, v in feeds.items()}
     for got, want in zip(_run_all(model, feeds, cuda=True), _run_all(model, feeds, cuda=False), strict=True):
         assert got.dtype == want.dtype, name
-        np.testing.assert_array_equal(got, want, err_msg=name)
+        if got.dtype == np.float16 and any(part in name for part in ROUNDING_FLOAT16):
+            np.testing.assert_array_max_ulp(got, want, maxulp=1)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+@needs_cuda_ep
+def test_mmdeploy_nms_match_with_more_tasks_than_a_grid_layer_on_the_cuda_ep():
+    """NMSMatch over 66000 (batch, class) tasks (the mask kernel loops over the grid's z layers; the match rows'
+    sort spans every task): the GPU's rows equal the CPU node's."""
+    from ort_cases import nms_match as cases
+
+    rng = np.random.default_rng(6)
+    boxes = _clustered_boxes(rng, 3, 4)[None].astype(np.float32)
+    boxes[0, 1] = boxes[0, 0] + 0.01  # box 1 nearly box 0: rows in every task where box 0 or 1 leads
+    scores = rng.uniform(0, 1, (1, 66000, 3)).round(2).astype(np.float32)
+    feeds = {"boxes": boxes, "scores": scores, "iou_threshold": np.array([0.5], np.float32),
+             "score_threshold": np.array([0.1], np.float32)}  # fmt: skip
+    model = cases.nms_match_model(np.float32)
+    expected = _run(model, feeds, cuda=False)
+    assert expected.shape[0] > 50000 and set(expected[:, 1]) >= {0, 65535, 65999}
+    np.testing.assert_array_equal(_run(model, feeds, cuda=True), expected)

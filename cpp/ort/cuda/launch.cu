@@ -3,6 +3,9 @@
 
 #include <cuda_fp16.h>
 
+#include <mutex>
+#include <set>
+
 #include "kernels/carafe.cuh"
 #include "kernels/cumulative.cuh"
 #include "kernels/deform_conv2d.cuh"
@@ -84,9 +87,37 @@ const char* grid_sample(const T* input, const T* grid, T* out, const kernels::Gr
                                                     static_cast<cudaStream_t>(stream)));
 }
 
+namespace {
+
+// Keeps up to 256 MiB of freed stream-ordered memory in `device`'s default pool instead of returning it to the
+// driver at each synchronization (the pool's default), so that the scratch of each call (float16 copies, NMS
+// workspaces, RoI tables) is taken from the pool, not the driver. Once per device; never lowers a threshold someone
+// else set (torch's cudaMallocAsync backend shares the pool); a pool that cannot be tuned is left as it is.
+void keep_freed_memory(int device) {
+  static std::mutex mutex;
+  static std::set<int> tuned;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (!tuned.insert(device).second) return;
+  cudaMemPool_t pool = nullptr;
+  uint64_t current = 0, threshold = uint64_t(256) << 20;
+  if (cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess ||
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &current) != cudaSuccess ||
+      (current < threshold &&
+       cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold) != cudaSuccess)) {
+    (void)cudaGetLastError();
+  }
+}
+
+}  // namespace
+
 DeviceScratch::DeviceScratch(size_t bytes, void* stream) : stream_(stream) {
+  int device = 0;
+  if (cudaGetDevice(&device) == cudaSuccess) keep_freed_memory(device);
   error_ = message(cudaMallocAsync(&data_, bytes > 0 ? bytes : 1, static_cast<cudaStream_t>(stream)));
-  if (error_ != nullptr) data_ = nullptr;
+  if (error_ != nullptr) {
+    data_ = nullptr;
+    (void)cudaGetLastError();  // not left for the next launch (ours or the runtime's) to report as its own
+  }
 }
 
 DeviceScratch::~DeviceScratch() {
@@ -276,7 +307,13 @@ const char* batched_suppress(const T* scores, int64_t tasks, int64_t count, cons
     return message(error);
   }
   const DeviceScratch workspace(plan.bytes, stream);
-  if (workspace.error() != nullptr) return workspace.error();
+  if (workspace.error() != nullptr) {
+    thread_local std::string why;
+    why = std::string(workspace.error()) + " (the suppression's workspace: " + std::to_string(plan.bytes >> 20) +
+          " MiB for " + std::to_string(tasks) + " (batch x class) tasks of " + std::to_string(count) +
+          " boxes, its mask growing with the square of the boxes); pre-filter the boxes by score";
+    return why.c_str();
+  }
   kc::BatchedNmsResult result;
   std::vector<int64_t> kept(static_cast<size_t>(tasks), 0);
   if (const cudaError_t error = kc::batched_nms(plan, workspace.get<void>(), scores, score_threshold, prepare, overlaps,
