@@ -89,6 +89,22 @@ def test_the_ort_cuda_library_checks_the_driver_before_it_registers_nodes(stand_
     assert found == 2 and "supports CUDA 11.8" in message and "libopbridge_ort_cuda.so" in message, message
 
 
+def test_the_gpu_benchmarks_node_cases_are_models_the_cpu_library_runs():
+    """The GPU benchmark's rows of the nodes ORT has no kernel for (python -m opbridge.tools.bench_cuda on a GPU)
+    time one-node models built here: each, built small, runs on the CPU provider with opbridge's library and gives
+    a non-empty output, so that a borrowed GPU's one run does not fail on a model."""
+    from opbridge.tools import bench_cuda_more
+
+    cases = bench_cuda_more.ort_node_cases(scale=16)
+    assert {op for op, *_ in cases} == {"NMSRotated", "NMSMatch", "cummax", "MMCVCornerPool", "MMCVPSAMask",
+                                         "MMCVCARAFE", "MMCVMaskedConv2d"}  # fmt: skip
+    for op, _, model, feeds in cases:
+        out = _run(model, {name: tensor.numpy() for name, tensor in feeds.items()}, cuda=False)
+        assert out.size > 0, op
+    if not HAS_CUDA_EP:
+        assert bench_cuda_more.ort_node_rows(1) == []
+
+
 # --- on the GPU -----------------------------------------------------------------------------------------------------
 
 

@@ -14,6 +14,9 @@
 - ``ort_standard_rows``: opbridge's ORT CUDA nodes for mmcv/mmdeploy's ``grid_sampler``, ``NonMaxSuppression`` and
   ``MMCVRoiAlign`` against ONNX Runtime's own ``GridSample``, ``NonMaxSuppression`` and ``RoiAlign`` on the CUDA
   execution provider, same inputs.
+- ``ort_node_rows``: the CUDA nodes of 2026-11-28 (mmdeploy's ``NMSRotated`` and ``NMSMatch``, mmcv's ``cummax``,
+  ``MMCVCornerPool``, ``MMCVPSAMask``, ``MMCVCARAFE``, ``MMCVMaskedConv2d``), which ONNX Runtime has no kernel of
+  its own for, against the same node on the CPU provider (where they ran before), with the outputs compared.
 
 A section that fails reports its error instead of its rows, so one run on a borrowed GPU gives every other number.
 """
@@ -322,6 +325,122 @@ def ort_standard_rows(repeat: int) -> list[dict]:
     return rows
 
 
+def ort_node_cases(scale: int = 1) -> list[tuple[str, str, bytes, dict]]:
+    """(op, case, one-node model, feeds) of the CUDA nodes ORT has no kernel of its own for; ``scale`` divides the
+    sizes (the tests build them small to check the models)."""
+    from onnx import TensorProto, helper
+
+    generator = torch.Generator().manual_seed(5)
+    float32, int64 = TensorProto.FLOAT, TensorProto.INT64
+    cases = []
+
+    def add(case, op_type, domain, feeds, outputs, **attributes):
+        node = helper.make_node(op_type, list(feeds), [name for name, _ in outputs], domain=domain, **attributes)
+        cases.append((op_type, case, _model([node], feeds, outputs, {"": 17, domain: 1}), feeds))
+
+    def rand(*shape, low=0.0, high=1.0):
+        return torch.rand(*shape, generator=generator) * (high - low) + low
+
+    n, m = max(2000 // scale, 8), max(1000 // scale, 8)
+    rotated = torch.cat([rand(1, n, 2, high=800), rand(1, n, 2, low=4, high=64), rand(1, n, 1, low=-1.5, high=1.5)], 2)
+    add(
+        f"mmdeploy, 1 x 15 classes x {n} boxes",
+        "NMSRotated",
+        "mmdeploy",
+        {"boxes": rotated, "scores": rand(1, 15, n)},
+        [("out", int64)],
+        iou_threshold=0.1,
+        score_threshold=0.05,
+    )
+    add(
+        f"mmdeploy, 1 x 20 classes x {m} boxes",
+        "NMSMatch",
+        "mmdeploy",
+        {
+            "boxes": _corners(_axis_aligned_boxes(m, generator, 400.0))[None],
+            "scores": rand(1, 20, m),
+            "iou_threshold": torch.tensor([0.5]),
+            "score_threshold": torch.tensor([0.05]),
+        },
+        [("out", int64)],
+    )
+    side = max(128 // scale, 4)
+    x = torch.randn(2, 64, side, side, generator=generator)
+    add(
+        f"[2, 64, {side}, {side}], dim 2",
+        "cummax",
+        "mmcv",
+        {"input": x},
+        [("values", float32), ("indices", int64)],
+        dim=2,
+    )
+    add(f"[2, 64, {side}, {side}], top", "MMCVCornerPool", "mmcv", {"input": x}, [("out", float32)], mode=0)
+    side = max(48 // scale, 4)
+    add(
+        f"[2, 9 x 9, {side}, {side}], collect",
+        "MMCVPSAMask",
+        "mmcv",
+        {"input": torch.randn(2, 81, side, side, generator=generator)},
+        [("out", float32)],
+        psa_type=0,
+        mask_size=[9, 9],
+    )
+    c, h, w = max(256 // scale, 4), max(50 // scale, 4), max(68 // scale, 4)
+    add(
+        f"[2, {c}, {h}, {w}], kernel 5, scale 2",
+        "MMCVCARAFE",
+        "mmcv",
+        {"features": torch.randn(2, c, h, w, generator=generator), "masks": rand(2, 25, 2 * h, 2 * w)},
+        [("out", float32)],
+        kernel_size=5,
+        group_size=1,
+        scale_factor=2.0,
+    )
+    add(f"[1, {c}, {h}, {w}], 3x3, 30% of positions", "MMCVMaskedConv2d", "mmcv",
+        {"features": torch.randn(1, c, h, w, generator=generator), "mask": (rand(1, h, w) < 0.3).float(),
+         "weight": torch.randn(c, c, 3, 3, generator=generator) * 0.05, "bias": torch.randn(c, generator=generator)},
+        [("out", float32)], padding=[1, 1], stride=[1, 1])  # fmt: skip
+    return cases
+
+
+def _ort_cpu(model: bytes, feeds: dict, repeat: int):
+    """(median ms, first output as a torch tensor) of a CPU-provider session on the host's numpy inputs."""
+    from .bench_cuda import _ort_session
+
+    session = _ort_session(model, "CPUExecutionProvider")
+    arrays = {name: tensor.numpy() for name, tensor in feeds.items()}
+    session.run(None, arrays)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = session.run(None, arrays)[0]
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2], torch.from_numpy(out)
+
+
+def ort_node_rows(repeat: int) -> list[dict]:
+    try:
+        import onnxruntime as ort
+
+        import opbridge_ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers() or not opbridge_ort.cuda_library_path():
+            return []
+    except (ImportError, FileNotFoundError):
+        return []
+    rows = []
+    for op, case, model, feeds in ort_node_cases():
+        gpu_ms, gpu_out = _ort_gpu(model, dict(feeds), repeat)
+        cpu_ms, cpu_out = _ort_cpu(model, feeds, min(repeat, 5))
+        if gpu_out.dtype == torch.int64:
+            agreement = dict(same_kept=torch.equal(gpu_out, cpu_out))
+        else:
+            agreement = dict(max_difference=float((gpu_out - cpu_out).abs().max()) if gpu_out.numel() else 0.0)
+        rows.append(dict(op=op, case=case, path="opbridge ORT CUDA node", forward_ms=gpu_ms, **agreement))
+        rows.append(dict(op=op, case=case, path="the same node on the CPU provider", forward_ms=cpu_ms, **agreement))
+    return rows
+
+
 def _table(rows: list[dict], baseline: Callable[[dict], bool], columns: list[tuple[str, str, str]]) -> list[str]:
     header = "| op | case | path | " + " | ".join(title for _, title, _ in columns) + " | speed-up over the baseline |"
     lines = [header, "|" + "---|" * (4 + len(columns))]
@@ -355,6 +474,10 @@ def report() -> tuple[str, dict]:
             lambda r: not r["path"].startswith("opbridge"),
             [("forward_ms", "forward ms", ".3f"), ("max_difference", "max difference", ".2e"),
              ("same_kept", "same kept boxes", "")]),
+        "ORT CUDA nodes that ONNX Runtime has no kernel for, against the same node on the CPU provider": (
+            ort_node_rows, lambda r: r["path"].endswith("CPU provider"),
+            [("forward_ms", "forward ms", ".3f"), ("max_difference", "max difference", ".2e"),
+             ("same_kept", "same output", "")]),
     }  # fmt: skip
     text, found = [], {}
     for title, (measure, baseline, columns) in sections.items():
