@@ -261,17 +261,23 @@ def _ort_gpu(model: bytes, feeds: dict, repeat: int):
     return sorted(times)[len(times) // 2], first
 
 
-def ort_standard_rows(repeat: int) -> list[dict]:
+def _has_ort_cuda() -> bool:
+    """onnxruntime with the CUDA provider, and opbridge's ORT CUDA library."""
     try:
         import onnxruntime as ort
-        from onnx import TensorProto, helper
 
         import opbridge_ort
 
-        if "CUDAExecutionProvider" not in ort.get_available_providers() or not opbridge_ort.cuda_library_path():
-            return []
+        return "CUDAExecutionProvider" in ort.get_available_providers() and bool(opbridge_ort.cuda_library_path())
     except (ImportError, FileNotFoundError):
+        return False
+
+
+def ort_standard_rows(repeat: int) -> list[dict]:
+    if not _has_ort_cuda():
         return []
+    from onnx import TensorProto, helper
+
     generator = torch.Generator().manual_seed(3)
     rows = []
     # grid_sampler (mmdeploy; bilinear, zeros, align_corners 0) against ONNX GridSample (opset 16).
@@ -419,14 +425,7 @@ def _ort_cpu(model: bytes, feeds: dict, repeat: int):
 
 
 def ort_node_rows(repeat: int) -> list[dict]:
-    try:
-        import onnxruntime as ort
-
-        import opbridge_ort
-
-        if "CUDAExecutionProvider" not in ort.get_available_providers() or not opbridge_ort.cuda_library_path():
-            return []
-    except (ImportError, FileNotFoundError):
+    if not _has_ort_cuda():
         return []
     rows = []
     for op, case, model, feeds in ort_node_cases():
