@@ -257,10 +257,30 @@ def _deform(dtype, c):
     return cast(x), cast(w), cast(offset), cast(mask), cast(bias), expected
 
 
+def _cublas_loaded() -> bool:
+    """Whether the process has a cuBLAS loaded (onnxruntime-gpu's CUDA provider loads one), as the ORT CUDA library
+    looks for it: the deformable convolution nodes then run im2col and its GEMMs."""
+    import ctypes
+
+    for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so.11"):
+        try:
+            ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+            return True
+        except OSError:
+            continue
+    return False
+
+
 @needs_cuda_ep
+@pytest.mark.parametrize("path", ["cublas", "fused"])
 @pytest.mark.parametrize("config", DEFORM_CONFIGS, ids=lambda c: f"C{c['channels']}G{c['groups']}")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_deform_conv2d_on_the_cuda_ep(config, dtype):
+def test_deform_conv2d_on_the_cuda_ep(config, dtype, path, monkeypatch):
+    """The deformable convolution nodes on the GPU against torchvision (float64 within 1e-10) and the CPU node, by
+    both of the CUDA library's paths: im2col with the process's cuBLAS (the default where one is loaded) and the
+    fused kernel (OPBRIDGE_ORT_CUDA_DCN=fused, and wherever no cuBLAS is loaded)."""
+    if path == "fused":
+        monkeypatch.setenv("OPBRIDGE_ORT_CUDA_DCN", "fused")
     x, w, offset, mask, bias, expected = _deform(dtype, config)
     c = config
     attributes = dict(strides=list(c["stride"]), pads=[*c["padding"], *c["padding"]], dilations=list(c["dilation"]),
@@ -268,6 +288,8 @@ def test_deform_conv2d_on_the_cuda_ep(config, dtype):
     inputs = [("X", x), ("W", w), ("offset", offset), ("B", bias), ("mask", mask)]
     model = _model("DeformConv2d", "opbridge", inputs, ELEMENT[dtype], attributes)
     out = _run(model, dict(inputs), cuda=True)
+    if path == "cublas":
+        assert _cublas_loaded(), "onnxruntime-gpu's CUDA provider ran without a cuBLAS in the process"
     tol = 1e-10 if dtype == np.float64 else 1e-4
     np.testing.assert_allclose(out, expected, rtol=tol, atol=tol)
     if dtype == np.float64:

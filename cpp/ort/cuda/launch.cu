@@ -3,8 +3,14 @@
 
 #include <cuda_fp16.h>
 
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
+#include <type_traits>
 
 #include "kernels/carafe.cuh"
 #include "kernels/cumulative.cuh"
@@ -68,14 +74,124 @@ const char* ms_deform_attn(const T* value, const int64_t* spatial_shapes, const 
       reinterpret_cast<D*>(out), shape, table, static_cast<cudaStream_t>(stream)));
 }
 
+namespace {
+
+// The cuBLAS the process has loaded (onnxruntime-gpu's CUDA provider loads one; torch's does too), found without
+// loading one: its GEMMs, on a handle of our own per thread and device, on the session's stream. None loaded: null.
+struct Cublas {
+  using Create = int (*)(void**);
+  using SetStream = int (*)(void*, cudaStream_t);
+  template <class T>
+  using Gemm = int (*)(void*, int, int, int, int, int, const T*, const T*, int, const T*, int, const T*, T*, int);
+  Create create = nullptr;
+  SetStream set_stream = nullptr;
+  Gemm<float> sgemm = nullptr;
+  Gemm<double> dgemm = nullptr;
+
+  static const Cublas* loaded() {
+    static const Cublas* found = [] {
+      for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11"}) {
+        void* library = dlopen(name, RTLD_NOW | RTLD_NOLOAD);  // never closed: its functions are kept
+        if (library == nullptr) continue;
+        auto* blas = new Cublas{reinterpret_cast<Create>(dlsym(library, "cublasCreate_v2")),
+                                reinterpret_cast<SetStream>(dlsym(library, "cublasSetStream_v2")),
+                                reinterpret_cast<Gemm<float>>(dlsym(library, "cublasSgemm_v2")),
+                                reinterpret_cast<Gemm<double>>(dlsym(library, "cublasDgemm_v2"))};
+        if (blas->create && blas->set_stream && blas->sgemm && blas->dgemm) return static_cast<const Cublas*>(blas);
+        delete blas;
+      }
+      return static_cast<const Cublas*>(nullptr);
+    }();
+    return found;
+  }
+
+  // This thread's handle on the current device (created once; kept for the thread's life), or null.
+  void* handle() const {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+    thread_local std::map<int, void*> handles;
+    auto [at, added] = handles.emplace(device, nullptr);
+    if (added && create(&at->second) != 0) at->second = nullptr;
+    return at->second;
+  }
+
+  template <class T>
+  Gemm<T> gemm() const {
+    if constexpr (std::is_same_v<T, double>) {
+      return dgemm;
+    } else {
+      return sgemm;
+    }
+  }
+};
+
+// The forward as the torch CUDA op computes it: the columns of a chunk of images (kernels/deform_conv2d.cuh's
+// im2col), one GEMM per weight group with `blas` (no tensor-core math: cuBLAS's default, float32 products in
+// float32), the result scattered into NCHW with the bias. nullptr, or why it could not run (the caller then runs
+// the fused kernel).
+template <class T>
+const char* deform_conv2d_im2col(const Cublas& blas, void* handle, const T* input, const T* weight, const T* offset,
+                                 const T* mask, const T* bias, T* out, const kernels::DeformConv2dShape& s,
+                                 cudaStream_t stream) {
+  namespace kc = kernels::cuda;
+  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
+  const int64_t depth = s.in_channels / s.groups * taps, out_per_group = s.out_channels / s.groups;
+  const int64_t chunk = kc::chunk_images(s, sizeof(T));
+  if (chunk * pixels > INT32_MAX || depth > INT32_MAX || out_per_group > INT32_MAX) return "sizes past cuBLAS's int";
+  if (blas.set_stream(handle, stream) != 0) return "cublasSetStream failed";
+  const DeviceScratch columns(sizeof(T) * static_cast<size_t>(s.in_channels * taps * chunk * pixels), stream);
+  if (columns.error() != nullptr) return columns.error();
+  const DeviceScratch buffer(sizeof(T) * static_cast<size_t>(s.out_channels * chunk * pixels), stream);
+  if (buffer.error() != nullptr) return buffer.error();
+  const char* failed = nullptr;
+  kc::with_index_type(s, chunk, [&](auto index) {
+    using I = decltype(index);
+    for (int64_t first = 0; first < s.batch && failed == nullptr; first += chunk) {
+      const int64_t count = std::min(chunk, s.batch - first), width = count * pixels;
+      kc::im2col_kernel<T, I><<<kc::blocks_for(kc::im2col_threads(s, width)), kc::kThreads, 0, stream>>>(
+          input, offset, mask, s, first, count, columns.get<T>());
+      if ((failed = message(cudaGetLastError())) != nullptr) return;
+      // Row-major buffer_g [out_per_group, width] = W_g [out_per_group, depth] x columns_g [depth, width], as
+      // column-major: buffer_g^T = columns_g^T x W_g^T.
+      const T one = 1, zero = 0;
+      for (int64_t g = 0; g < s.groups && failed == nullptr; ++g) {
+        if (blas.gemm<T>()(handle, 0, 0, static_cast<int>(width), static_cast<int>(out_per_group),
+                           static_cast<int>(depth), &one, columns.get<T>() + g * depth * width, static_cast<int>(width),
+                           weight + g * out_per_group * depth, static_cast<int>(depth), &zero,
+                           buffer.get<T>() + g * out_per_group * width, static_cast<int>(width)) != 0) {
+          failed = "a cuBLAS GEMM failed";
+        }
+      }
+      if (failed != nullptr) return;
+      kc::scatter_out_kernel<T, I><<<kc::blocks_for(s.out_channels * width), kc::kThreads, 0, stream>>>(
+          buffer.get<T>(), bias, s, first, count, out);
+      failed = message(cudaGetLastError());
+    }
+  });
+  return failed;
+}
+
+}  // namespace
+
 template <class T>
 const char* deform_conv2d(const T* input, const T* weight, const T* offset, const T* mask, const T* bias, T* out,
                           const kernels::DeformConv2dShape& shape, void* stream) {
   using D = typename Device<T>::type;  // float16 (bits): __half storage, float32 arithmetic
+  const auto s = static_cast<cudaStream_t>(stream);
+  if constexpr (!std::is_same_v<T, uint16_t>) {
+    // float32/float64: im2col + the process's cuBLAS where one is loaded (OPBRIDGE_ORT_CUDA_DCN=fused: never).
+    const char* choice = std::getenv("OPBRIDGE_ORT_CUDA_DCN");
+    const Cublas* blas = choice != nullptr && std::strcmp(choice, "fused") == 0 ? nullptr : Cublas::loaded();
+    if (void* handle = blas != nullptr ? blas->handle() : nullptr) {
+      if (deform_conv2d_im2col(*blas, handle, input, weight, offset, mask, bias, out, shape, s) == nullptr) {
+        return nullptr;
+      }
+      (void)cudaGetLastError();  // a failed allocation or GEMM: the fused kernel, which needs neither
+    }
+  }
   return message(kernels::cuda::deform_conv2d_forward(
       reinterpret_cast<const D*>(input), reinterpret_cast<const D*>(weight), reinterpret_cast<const D*>(offset),
-      reinterpret_cast<const D*>(mask), reinterpret_cast<const D*>(bias), shape, reinterpret_cast<D*>(out),
-      static_cast<cudaStream_t>(stream)));
+      reinterpret_cast<const D*>(mask), reinterpret_cast<const D*>(bias), shape, reinterpret_cast<D*>(out), s));
 }
 
 template <class T>
