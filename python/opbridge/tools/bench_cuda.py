@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -232,6 +233,14 @@ def ort_rows(repeat: int) -> list[dict]:
         }
         _close(out_gpu, expected, f"ORT CUDA {op}")
         _close(out_cpu, expected.cpu(), f"ORT CPU {op}")
+        if op == "deform_conv2d":  # the node's other path: its fused kernel instead of im2col + cuBLAS
+            os.environ["OPBRIDGE_ORT_CUDA_DCN"] = "fused"
+            try:
+                fused = "ORT CUDA EP, fused kernel (OPBRIDGE_ORT_CUDA_DCN=fused)"
+                times[fused] = _ort_timer(_ort_session(model, "CUDAExecutionProvider"), cuda_feeds, out_gpu, repeat)
+                _close(out_gpu, expected, f"ORT CUDA {op}, fused kernel")
+            finally:
+                del os.environ["OPBRIDGE_ORT_CUDA_DCN"]
         for path, ms in times.items():
             rows.append(dict(op=op, case=case, path=path, forward_ms=ms))
     return rows
