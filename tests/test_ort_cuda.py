@@ -257,30 +257,15 @@ def _deform(dtype, c):
     return cast(x), cast(w), cast(offset), cast(mask), cast(bias), expected
 
 
-def _cublas_loaded() -> bool:
-    """Whether the process has a cuBLAS loaded (onnxruntime-gpu's CUDA provider loads one), as the ORT CUDA library
-    looks for it: the deformable convolution nodes then run im2col and its GEMMs."""
-    import ctypes
-
-    for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so.11"):
-        try:
-            ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
-            return True
-        except OSError:
-            continue
-    return False
-
-
 @needs_cuda_ep
 @pytest.mark.parametrize("path", ["cublas", "fused"])
 @pytest.mark.parametrize("config", DEFORM_CONFIGS, ids=lambda c: f"C{c['channels']}G{c['groups']}")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_deform_conv2d_on_the_cuda_ep(config, dtype, path, monkeypatch):
     """The deformable convolution nodes on the GPU against torchvision (float64 within 1e-10) and the CPU node, by
-    both of the CUDA library's paths: im2col with the process's cuBLAS (the default where one is loaded) and the
-    fused kernel (OPBRIDGE_ORT_CUDA_DCN=fused, and wherever no cuBLAS is loaded)."""
-    if path == "fused":
-        monkeypatch.setenv("OPBRIDGE_ORT_CUDA_DCN", "fused")
+    both of the CUDA library's paths: im2col with the process's cuBLAS (OPBRIDGE_ORT_CUDA_DCN=cublas: that path or
+    an error, never the fallback) and the fused kernel (OPBRIDGE_ORT_CUDA_DCN=fused)."""
+    monkeypatch.setenv("OPBRIDGE_ORT_CUDA_DCN", path)
     x, w, offset, mask, bias, expected = _deform(dtype, config)
     c = config
     attributes = dict(strides=list(c["stride"]), pads=[*c["padding"], *c["padding"]], dilations=list(c["dilation"]),
@@ -288,8 +273,6 @@ def test_deform_conv2d_on_the_cuda_ep(config, dtype, path, monkeypatch):
     inputs = [("X", x), ("W", w), ("offset", offset), ("B", bias), ("mask", mask)]
     model = _model("DeformConv2d", "opbridge", inputs, ELEMENT[dtype], attributes)
     out = _run(model, dict(inputs), cuda=True)
-    if path == "cublas":
-        assert _cublas_loaded(), "onnxruntime-gpu's CUDA provider ran without a cuBLAS in the process"
     tol = 1e-10 if dtype == np.float64 else 1e-4
     np.testing.assert_allclose(out, expected, rtol=tol, atol=tol)
     if dtype == np.float64:
@@ -307,6 +290,39 @@ def test_deform_conv2d_on_the_cuda_ep(config, dtype, path, monkeypatch):
         for domain in ("mmcv", "mmdeploy"):
             model = _model("MMCVDeformConv2d", domain, inputs, ELEMENT[dtype], mmcv)
             np.testing.assert_allclose(_run(model, dict(inputs), cuda=True), expected, rtol=tol, atol=tol)
+
+
+@needs_cuda_ep
+def test_deform_conv2d_node_runs_on_the_runtimes_own_cublas_without_torch(tmp_path):
+    """In a process without torch (a deployment), the float32 DeformConv2d node finds the cuBLAS that
+    onnxruntime-gpu's CUDA provider loaded (another CUDA release than the library's static runtime, as the case
+    may be), runs im2col and its GEMMs on it (OPBRIDGE_ORT_CUDA_DCN=cublas: that path or an error) and matches
+    torchvision."""
+    config = DEFORM_CONFIGS[0]
+    x, w, offset, mask, bias, expected = _deform(np.float32, config)
+    c = config
+    attributes = dict(strides=list(c["stride"]), pads=[*c["padding"], *c["padding"]], dilations=list(c["dilation"]),
+                      group=c["groups"], offset_group=c["offset_groups"], kernel_shape=list(c["kernel"]))  # fmt: skip
+    inputs = [("X", x), ("W", w), ("offset", offset), ("B", bias), ("mask", mask)]
+    (tmp_path / "model.onnx").write_bytes(_model("DeformConv2d", "opbridge", inputs, ELEMENT[np.float32], attributes))
+    np.savez(tmp_path / "feeds.npz", **{name: array for name, array in inputs if array is not None})
+    code = (
+        "import sys, numpy as np, onnxruntime as ort, opbridge_ort\n"
+        "options = opbridge_ort.session_options()\n"
+        "options.add_session_config_entry('session.disable_cpu_ep_fallback', '1')\n"
+        "session = ort.InferenceSession('model.onnx', options, providers=['CUDAExecutionProvider'])\n"
+        "feeds = dict(np.load('feeds.npz'))\n"
+        "np.save('out.npy', session.run(None, feeds)[0])\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "print(sorted({line.split('/')[-1] for line in maps.splitlines() if 'libcublas.so' in line}))\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    env = {**os.environ, "OPBRIDGE_ORT_CUDA_DCN": "cublas"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env,
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "libcublas.so" in result.stdout, result.stdout
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-4, atol=1e-4)
 
 
 @needs_cuda_ep

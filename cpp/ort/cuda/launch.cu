@@ -5,12 +5,14 @@
 
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/carafe.cuh"
 #include "kernels/cumulative.cuh"
@@ -105,16 +107,54 @@ struct Cublas {
     return found;
   }
 
-  // This thread's handle on the current device (created once; kept for the thread's life), or null.
-  void* handle() const {
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
-    thread_local std::map<int, void*> handles;
-    auto [at, added] = handles.emplace(device, nullptr);
-    if (added && create(&at->second) != 0) at->second = nullptr;
-    return at->second;
+  // A handle on `device`, lent to one call at a time: taken from the device's pool, or created when the pool is
+  // empty (so there are as many as calls ever ran at once, each kept for the process's life), and given back by
+  // the Lease. Null where none could be had, or (`creating` false) where the pool is empty.
+  class Lease {
+   public:
+    Lease(int device, void* handle) : device_(device), handle_(handle) {}
+    ~Lease() {
+      if (handle_ != nullptr) give_back(device_, handle_);
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    void* get() const { return handle_; }
+
+   private:
+    int device_;
+    void* handle_;
+  };
+
+  Lease lend(int device, bool creating) const {
+    {
+      const std::lock_guard<std::mutex> lock(pool_mutex());
+      auto& free = pool()[device];
+      if (!free.empty()) {
+        void* handle = free.back();
+        free.pop_back();
+        return {device, handle};
+      }
+    }
+    void* handle = nullptr;
+    if (!creating || create(&handle) != 0) handle = nullptr;
+    return {device, handle};
   }
 
+ private:
+  static std::mutex& pool_mutex() {
+    static auto* mutex = new std::mutex;  // never destroyed, as the pool: a lease may end after static destructors
+    return *mutex;
+  }
+  static std::map<int, std::vector<void*>>& pool() {
+    static auto* handles = new std::map<int, std::vector<void*>>;  // never destroyed: handles outlive main()
+    return *handles;
+  }
+  static void give_back(int device, void* handle) {
+    const std::lock_guard<std::mutex> lock(pool_mutex());
+    pool()[device].push_back(handle);
+  }
+
+ public:
   template <class T>
   Gemm<T> gemm() const {
     if constexpr (std::is_same_v<T, double>) {
@@ -171,6 +211,22 @@ const char* deform_conv2d_im2col(const Cublas& blas, void* handle, const T* inpu
   return failed;
 }
 
+// OPBRIDGE_ORT_CUDA_DCN: unset (or auto): im2col + the process's cuBLAS where one is loaded, the fused kernel where
+// not or where that path fails; cublas: that path or an error (the tests' way to know it ran); fused: never.
+enum class DcnPath { automatic, cublas, fused };
+
+DcnPath dcn_path() {
+  const char* choice = std::getenv("OPBRIDGE_ORT_CUDA_DCN");  // read per call: the tests and benchmarks switch it
+  if (choice == nullptr || std::strcmp(choice, "auto") == 0 || choice[0] == '\0') return DcnPath::automatic;
+  if (std::strcmp(choice, "cublas") == 0) return DcnPath::cublas;
+  if (std::strcmp(choice, "fused") == 0) return DcnPath::fused;
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    std::fprintf(stderr, "opbridge: OPBRIDGE_ORT_CUDA_DCN=%s is not one of auto, cublas, fused; ignored\n", choice);
+  });
+  return DcnPath::automatic;
+}
+
 }  // namespace
 
 template <class T>
@@ -179,14 +235,24 @@ const char* deform_conv2d(const T* input, const T* weight, const T* offset, cons
   using D = typename Device<T>::type;  // float16 (bits): __half storage, float32 arithmetic
   const auto s = static_cast<cudaStream_t>(stream);
   if constexpr (!std::is_same_v<T, uint16_t>) {
-    // float32/float64: im2col + the process's cuBLAS where one is loaded (OPBRIDGE_ORT_CUDA_DCN=fused: never).
-    const char* choice = std::getenv("OPBRIDGE_ORT_CUDA_DCN");
-    const Cublas* blas = choice != nullptr && std::strcmp(choice, "fused") == 0 ? nullptr : Cublas::loaded();
-    if (void* handle = blas != nullptr ? blas->handle() : nullptr) {
-      if (deform_conv2d_im2col(*blas, handle, input, weight, offset, mask, bias, out, shape, s) == nullptr) {
-        return nullptr;
-      }
-      (void)cudaGetLastError();  // a failed allocation or GEMM: the fused kernel, which needs neither
+    const DcnPath path = dcn_path();
+    const Cublas* blas = path == DcnPath::fused ? nullptr : Cublas::loaded();
+    if (blas == nullptr && path == DcnPath::cublas) {
+      return "OPBRIDGE_ORT_CUDA_DCN=cublas, but no cuBLAS is loaded in this process (libcublas.so.13, .12 or .11)";
+    }
+    int device = 0;
+    if (blas != nullptr && cudaGetDevice(&device) == cudaSuccess) {
+      // A stream being captured into a CUDA graph takes no new handle (creating one allocates).
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      (void)cudaStreamIsCapturing(s, &capturing);
+      const Cublas::Lease handle = blas->lend(device, capturing == cudaStreamCaptureStatusNone);
+      const char* failed = handle.get() == nullptr ? "no cuBLAS handle could be created"
+                                                   : deform_conv2d_im2col(*blas, handle.get(), input, weight, offset,
+                                                                          mask, bias, out, shape, s);
+      if (failed == nullptr) return nullptr;
+      if (path == DcnPath::cublas) return failed;
+      // Else the fused kernel, which needs no handle, scratch or GEMM (an allocation's error is cleared by
+      // DeviceScratch; cuBLAS keeps its own).
     }
   }
   return message(kernels::cuda::deform_conv2d_forward(
