@@ -79,14 +79,18 @@ const char* ms_deform_attn(const T* value, const int64_t* spatial_shapes, const 
 namespace {
 
 // The cuBLAS the process has loaded (onnxruntime-gpu's CUDA provider loads one; torch's does too), found without
-// loading one: its GEMMs, on a handle of our own per thread and device, on the session's stream. None loaded: null.
+// loading one: its GEMMs, on handles of our own lent from a pool per device, each call setting the session's
+// stream and a workspace of its own in stream-ordered memory (so that a handle used on one stream and then on
+// another never shares a workspace between them). None loaded, or one without cublasSetWorkspace: null.
 struct Cublas {
   using Create = int (*)(void**);
   using SetStream = int (*)(void*, cudaStream_t);
+  using SetWorkspace = int (*)(void*, void*, size_t);
   template <class T>
   using Gemm = int (*)(void*, int, int, int, int, int, const T*, const T*, int, const T*, int, const T*, T*, int);
   Create create = nullptr;
   SetStream set_stream = nullptr;
+  SetWorkspace set_workspace = nullptr;
   Gemm<float> sgemm = nullptr;
   Gemm<double> dgemm = nullptr;
 
@@ -97,9 +101,12 @@ struct Cublas {
         if (library == nullptr) continue;
         auto* blas = new Cublas{reinterpret_cast<Create>(dlsym(library, "cublasCreate_v2")),
                                 reinterpret_cast<SetStream>(dlsym(library, "cublasSetStream_v2")),
+                                reinterpret_cast<SetWorkspace>(dlsym(library, "cublasSetWorkspace_v2")),
                                 reinterpret_cast<Gemm<float>>(dlsym(library, "cublasSgemm_v2")),
                                 reinterpret_cast<Gemm<double>>(dlsym(library, "cublasDgemm_v2"))};
-        if (blas->create && blas->set_stream && blas->sgemm && blas->dgemm) return static_cast<const Cublas*>(blas);
+        if (blas->create && blas->set_stream && blas->set_workspace && blas->sgemm && blas->dgemm) {
+          return static_cast<const Cublas*>(blas);
+        }
         delete blas;
       }
       return static_cast<const Cublas*>(nullptr);
@@ -165,6 +172,9 @@ struct Cublas {
   }
 };
 
+// cuBLAS's own recommendation for Hopper and newer (4 MiB suffices before).
+constexpr size_t kCublasWorkspace = size_t(32) << 20;
+
 // The forward as the torch CUDA op computes it: the columns of a chunk of images (kernels/deform_conv2d.cuh's
 // im2col), one GEMM per weight group with `blas` (no tensor-core math: cuBLAS's default, float32 products in
 // float32), the result scattered into NCHW with the bias. nullptr, or why it could not run (the caller then runs
@@ -178,7 +188,11 @@ const char* deform_conv2d_im2col(const Cublas& blas, void* handle, const T* inpu
   const int64_t depth = s.in_channels / s.groups * taps, out_per_group = s.out_channels / s.groups;
   const int64_t chunk = kc::chunk_images(s, sizeof(T));
   if (chunk * pixels > INT32_MAX || depth > INT32_MAX || out_per_group > INT32_MAX) return "sizes past cuBLAS's int";
+  // The stream, then (cublasSetStream resets it) this call's workspace, freed after its GEMMs on the same stream.
   if (blas.set_stream(handle, stream) != 0) return "cublasSetStream failed";
+  const DeviceScratch workspace(kCublasWorkspace, stream);
+  if (workspace.error() != nullptr) return workspace.error();
+  if (blas.set_workspace(handle, workspace.get<void>(), kCublasWorkspace) != 0) return "cublasSetWorkspace failed";
   const DeviceScratch columns(sizeof(T) * static_cast<size_t>(s.in_channels * taps * chunk * pixels), stream);
   if (columns.error() != nullptr) return columns.error();
   const DeviceScratch buffer(sizeof(T) * static_cast<size_t>(s.out_channels * chunk * pixels), stream);
