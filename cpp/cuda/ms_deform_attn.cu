@@ -4,7 +4,9 @@
 // atomics: the order of those float additions, and so grad_value's last bits, can vary between runs
 // (python/opbridge/ops/ms_deform_attn.py raises or warns under torch.use_deterministic_algorithms, as torch's own
 // CUDA kernels with atomics do).
+#include <cstdint>
 #include <initializer_list>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -61,13 +63,15 @@ __device__ inline void atomic_add(T* target, const T (&value)[kVec]) {
 // The backward in the forward's layout (vectors of kVec channels, `lanes` threads a row, the row's samples computed
 // once into shared-memory slots as in the forward). Per sample, each lane adds its channels' terms of the four dot
 // products g . v_c and scatters a * w_c * g into grad_value; the lanes' partial dots are then summed by shuffles in
-// a fixed order, and the lane that computed the sample keeps them and writes the sample's gradients.
-template <class T, int kVec, class I>
+// a fixed order, and the lane that computed the sample keeps them and writes the sample's gradients. S: the storage
+// of grad_out and value (T, or float16/bfloat16 beside float32 T: read as stored, in vectors); locations, weights
+// and every gradient in T (for half storage: float32 copies and buffers, rounded once by the caller).
+template <class S, class T, int kVec, class I>
 __global__ void __launch_bounds__(cuda::kThreads, 2)
-    backward_kernel(const T* __restrict__ grad_out, const T* __restrict__ value, const T* __restrict__ locations,
+    backward_kernel(const S* __restrict__ grad_out, const S* __restrict__ value, const T* __restrict__ locations,
                     const T* __restrict__ weights, MSDeformAttnShape s, MSDeformAttnTable table, int lanes,
                     T* grad_value, T* __restrict__ grad_locations, T* __restrict__ grad_weights) {
-  using V = Vec<T, kVec>;
+  using V = Vec<S, kVec>;
   __shared__ MSDeformAttnLevelTile levels;
   __shared__ MSDeformAttnSlot<T> slots[cuda::kThreads];
   kernels::cuda::ms_deform_attn_load_levels(table, s, levels);
@@ -78,9 +82,9 @@ __global__ void __launch_bounds__(cuda::kThreads, 2)
   OPBRIDGE_WARP_LOOP(t, rows * lanes) {
     const bool active = t < rows * lanes;
     const int64_t row = active ? t / lanes : 0, m = row % s.heads, n = row / (s.heads * s.queries);
-    const T* value_nm = value + (n * s.keys * s.heads + m) * d;
+    const S* value_nm = value + (n * s.keys * s.heads + m) * d;
     T* grad_value_nm = grad_value + (n * s.keys * s.heads + m) * d;
-    const T* g = grad_out + row * d;
+    const S* g = grad_out + row * d;
     const T* loc = locations + row * lp * 2;
     const T* attn = weights + row * lp;
     for (int64_t first = 0; first < lp; first += lanes) {
@@ -106,8 +110,9 @@ __global__ void __launch_bounds__(cuda::kThreads, 2)
             T add[kVec];
 #pragma unroll
             for (int j = 0; j < kVec; ++j) {
-              dots[k] += gv.v[j] * v[k].v[j];
-              add[j] = slot.weight[k] * gv.v[j];
+              const T gj = static_cast<T>(gv.v[j]);
+              dots[k] += gj * static_cast<T>(v[k].v[j]);
+              add[j] = slot.weight[k] * gj;
             }
             atomic_add<T, kVec>(grad_value_nm + static_cast<int64_t>(slot.key[k]) * key_stride + c0, add);
           }
@@ -185,18 +190,6 @@ std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cuda(const Tensor& gr
                                                                 const Tensor& attention_weights) {
   const auto in =
       ms_deform_attn_op::checked(value, spatial_shapes, level_start_index, sampling_locations, attention_weights);
-  if (api::is_half(value.scalar_type())) {
-    // Half storage: float32 arithmetic and float32 gradient buffers (grad_value is a sum over every sample that
-    // reads a row), each gradient rounded once to its input's dtype.
-    OPBRIDGE_CHECK(grad_output.scalar_type() == value.scalar_type(),
-                   "opbridge::ms_deform_attn_backward: grad_output must have value's dtype (",
-                   api::dtype_name(value.scalar_type()), "), got ", api::dtype_name(grad_output.scalar_type()));
-    const auto [grad_value, grad_locations, grad_weights] =
-        ms_deform_attn_backward_cuda(api::widened(grad_output), api::widened(value), spatial_shapes, level_start_index,
-                                     api::widened(sampling_locations), api::widened(attention_weights));
-    return {api::to(grad_value, value.scalar_type()), api::to(grad_locations, sampling_locations.scalar_type()),
-            api::to(grad_weights, attention_weights.scalar_type())};
-  }
   const auto& s = in.shape;
   const auto dtype = value.scalar_type();
   const std::vector<int64_t> out_shape{s.batch, s.queries, s.heads * s.channels};
@@ -207,33 +200,52 @@ std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cuda(const Tensor& gr
   OPBRIDGE_CHECK(api::sizes(grad_output) == out_shape, "opbridge::ms_deform_attn_backward: grad_output ",
                  "must have the output's shape ", api::Shape{out_shape}, ", got ", api::shape_of(grad_output));
   const auto g = api::contiguous(grad_output);
-  auto grad_value = api::zeros_on(api::sizes(value), dtype, value);
-  auto grad_locations = api::empty_on(api::sizes(sampling_locations), dtype, value);
-  auto grad_weights = api::empty_on(api::sizes(attention_weights), dtype, value);
+  // Half storage: grad_output and value read as stored; locations and weights as float32 copies (small); every
+  // gradient in a float32 buffer (grad_value is a sum over every sample that reads a row), rounded once at the end.
+  const bool half = api::is_half(dtype);
+  const auto wide = half ? api::ScalarType::Float : dtype;
+  const Tensor locations = half ? api::contiguous(api::widened(in.sampling_locations)) : in.sampling_locations;
+  const Tensor weights = half ? api::contiguous(api::widened(in.attention_weights)) : in.attention_weights;
+  auto grad_value = api::zeros_on(api::sizes(value), wide, value);
+  auto grad_locations = api::empty_on(api::sizes(sampling_locations), wide, value);
+  auto grad_weights = api::empty_on(api::sizes(attention_weights), wide, value);
+  auto finish = [&]() -> std::tuple<Tensor, Tensor, Tensor> {
+    if (!half) return {grad_value, grad_locations, grad_weights};
+    return {api::to(grad_value, dtype), api::to(grad_locations, sampling_locations.scalar_type()),
+            api::to(grad_weights, attention_weights.scalar_type())};
+  };
   if (s.batch * s.queries * s.heads * s.levels * s.points == 0) {
     torch::stable::zero_(grad_locations);
     torch::stable::zero_(grad_weights);
-    return {grad_value, grad_locations, grad_weights};
+    return finish();
   }
   const MSDeformAttnTable table = table_of(in);
   const cuda::Context context(value);
-  api::dispatch_floating(dtype, "opbridge::ms_deform_attn_backward", [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int kVec = 16 / sizeof(T);
-    const bool vectors = kernels::cuda::ms_deform_attn_vectors<T>(
-        s, {in.value.const_data_ptr(), g.const_data_ptr(), grad_value.const_data_ptr()});
+  auto launch = [&](auto storage, auto arithmetic) {
+    using S = decltype(storage);
+    using T = decltype(arithmetic);
+    constexpr int kVec = 16 / sizeof(S);
+    const bool vectors = kernels::cuda::ms_deform_attn_vectors<S>(s, {in.value.const_data_ptr(), g.const_data_ptr()}) &&
+                         reinterpret_cast<uintptr_t>(grad_value.const_data_ptr()) % 16 == 0;
     const int lanes = kernels::cuda::ms_deform_attn_lanes(vectors ? s.channels / kVec : s.channels);
     const unsigned blocks = cuda::blocks_for(s.batch * s.queries * s.heads * lanes);
     const bool int32 = kernels::cuda::ms_deform_attn_int32_samples(s);
-    auto kernel = vectors ? (int32 ? backward_kernel<T, kVec, int32_t> : backward_kernel<T, kVec, int64_t>)
-                          : (int32 ? backward_kernel<T, 1, int32_t> : backward_kernel<T, 1, int64_t>);
+    auto kernel = vectors ? (int32 ? backward_kernel<S, T, kVec, int32_t> : backward_kernel<S, T, kVec, int64_t>)
+                          : (int32 ? backward_kernel<S, T, 1, int32_t> : backward_kernel<S, T, 1, int64_t>);
     kernel<<<blocks, cuda::kThreads, 0, context.stream>>>(
-        api::data<T>(g), api::data<T>(in.value), api::data<T>(in.sampling_locations),
-        api::data<T>(in.attention_weights), s, table, lanes, api::data<T>(grad_value), api::data<T>(grad_locations),
-        api::data<T>(grad_weights));
-  });
+        static_cast<const S*>(g.const_data_ptr()), static_cast<const S*>(in.value.const_data_ptr()),
+        api::data<T>(locations), api::data<T>(weights), s, table, lanes, api::data<T>(grad_value),
+        api::data<T>(grad_locations), api::data<T>(grad_weights));
+  };
+  if (dtype == api::ScalarType::Half) {
+    launch(__half{}, float{});
+  } else if (dtype == api::ScalarType::BFloat16) {
+    launch(__nv_bfloat16{}, float{});
+  } else {
+    api::dispatch_floating(dtype, "opbridge::ms_deform_attn_backward", [&](auto tag) { launch(tag, tag); });
+  }
   cuda::check_launch("opbridge::ms_deform_attn_backward");
-  return {grad_value, grad_locations, grad_weights};
+  return finish();
 }
 
 }  // namespace
