@@ -208,6 +208,34 @@ def test_ms_deform_attn_forward_and_backward_match_the_cpu_op(config, dtype, tab
 
 
 @needs_gpu
+@pytest.mark.parametrize("locations_dtype", ["half", "float32"])
+@pytest.mark.parametrize("config", MSDA_CONFIGS, ids=lambda c: f"D{c['channels']}-LP{len(c['levels']) * c['points']}")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_ms_deform_attn_half_backward_is_the_float32_backward_rounded_once(config, dtype, locations_dtype):
+    """The CUDA backward reads half grad_output and value as stored (vector loads where D allows, float32 arithmetic
+    and gradient buffers): its gradients are the float32 backward's on the widened values, each rounded once to its
+    input's dtype (up to the float32 sums' order: one unit in the last place), with locations and weights in half or,
+    as autocast gives them, in float32."""
+    value, shapes, starts, locations, weights = _msda_on(CUDA, torch.float64, **config)
+    precise = dtype if locations_dtype == "half" else torch.float32
+    half = [value.to(dtype), locations.to(precise), weights.to(precise)]
+    grad = torch.randn(value.shape[0], locations.shape[1], value.shape[2] * value.shape[3], device=CUDA).to(dtype)
+    leaves = [t.detach().requires_grad_() for t in half]
+    out = opbridge.ms_deform_attn(leaves[0], shapes, starts, leaves[1], leaves[2])
+    got = torch.autograd.grad(out, leaves, grad)
+    wide = [t.detach().float().requires_grad_() for t in half]
+    wide_out = opbridge.ms_deform_attn(wide[0], shapes, starts, wide[1], wide[2])
+    want = torch.autograd.grad(wide_out, wide, grad.float())
+    for name, g, w, leaf in zip(("value", "locations", "weights"), got, want, leaves, strict=True):
+        assert g.dtype == leaf.dtype and g.shape == leaf.shape, name
+        rounded = w.to(g.dtype)
+        # One unit in the last place of the rounded value (float32 sums in another order), or an absolute floor for
+        # values near 0 (where cancellation leaves float32 noise).
+        ulp = torch.finfo(g.dtype).eps * rounded.float().abs() + 1e-3 * w.abs().max()
+        assert bool(((g.float() - rounded.float()).abs() <= ulp).all()), name
+
+
+@needs_gpu
 def test_ms_deform_attn_samples_far_outside_or_nan_give_zeros():
     value, shapes, starts, locations, weights = _msda_on(CUDA, torch.float64, batch=1, levels=((4, 4),), queries=4,
                                                          heads=1, channels=8, points=1)  # fmt: skip

@@ -44,16 +44,20 @@ MSDeformAttnTable table_of(const ms_deform_attn_op::Inputs& in) {
   return table;
 }
 
-// target[0..kVec) += value[0..kVec) atomically: one vector atomic for float x 4 on sm_90, else per element.
+// target[0..kVec) += value[0..kVec) atomically: one vector atomic per float x 4 on sm_90 (kVec 4, or 8 for half
+// storage beside a float32 grad_value; target 16-byte aligned there), else per element.
 template <class T, int kVec>
 __device__ inline void atomic_add(T* target, const T (&value)[kVec]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr bool kVector = std::is_same_v<T, float> && kVec == 4;
+  constexpr bool kVector = std::is_same_v<T, float> && kVec % 4 == 0;
 #else
   constexpr bool kVector = false;
 #endif
   if constexpr (kVector) {
-    atomicAdd(reinterpret_cast<float4*>(target), make_float4(value[0], value[1], value[2], value[3]));
+#pragma unroll
+    for (int j = 0; j < kVec; j += 4) {
+      atomicAdd(reinterpret_cast<float4*>(target + j), make_float4(value[j], value[j + 1], value[j + 2], value[j + 3]));
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) atomicAdd(target + j, value[j]);
