@@ -266,7 +266,14 @@ const char* deform_conv2d(const T* input, const T* weight, const T* offset, cons
       if (failed == nullptr) return nullptr;
       if (path == DcnPath::cublas) return failed;
       // Else the fused kernel, which needs no handle, scratch or GEMM (an allocation's error is cleared by
-      // DeviceScratch; cuBLAS keeps its own).
+      // DeviceScratch; cuBLAS keeps its own), said once per process.
+      static std::once_flag said;
+      std::call_once(said, [&] {
+        std::fprintf(stderr,
+                     "opbridge: the DeformConv2d node's cuBLAS path could not run (%s); it runs its fused "
+                     "kernel instead (OPBRIDGE_ORT_CUDA_DCN=fused chooses that)\n",
+                     failed);
+      });
     }
   }
   return message(kernels::cuda::deform_conv2d_forward(
