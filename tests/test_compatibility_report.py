@@ -27,7 +27,7 @@ def test_each_run_names_its_wheel_and_each_wheel_its_runs():
         [_report("2.10.0", stable), _report("2.15.0+cu130", stable), _report("2.9.1", None)]
     )
     assert failures == 0
-    assert f"| torch 2.10.0 / ORT 1.31.1 / Python 3.11 | `{stable}` ({'ab' * 6}) |" in text
+    assert f"| torch 2.10.0 / ORT 1.31.1 / Python 3.11 | `{stable}` ({'ab' * 6}); sources not recorded |" in text
     assert "| torch 2.9.1 / ORT 1.31.1 / Python 3.11 | not recorded |" in text
     runs = "torch 2.10.0 / ORT 1.31.1 / Python 3.11; torch 2.15.0 / ORT 1.31.1 / Python 3.11"
     assert f"| `{stable}` | `{'ab' * 32}` | 2: {runs} |" in text
@@ -116,3 +116,44 @@ def test_a_failure_in_a_stale_run_does_not_fail_the_report():
     new["environment"]["opbridge"] = "0.1.1.210"
     text, failures = compatibility.render([old, new])
     assert failures == 0 and "stale: not counted" in text
+
+
+def test_each_run_says_whether_its_wheels_sources_are_the_checkouts(tmp_path):
+    """A wheel records the commit it was built from (its build info); the runs table says whether the C++ and
+    Python of that commit are the checkout's (current) or changed since (older), and the commit alone where the
+    report is made outside a checkout."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    git("config", "user.email", "ci@example.invalid")
+    git("config", "user.name", "ci")
+    (tmp_path / "cpp").mkdir()
+    (tmp_path / "cpp" / "op.h").write_text("int a;\n")
+    git("add", ".")
+    git("commit", "-qm", "first")
+    first = git("rev-parse", "--short=12", "HEAD")
+    (tmp_path / "README.md").write_text("docs only\n")
+    git("add", ".")
+    git("commit", "-qm", "docs")
+    docs = git("rev-parse", "--short=12", "HEAD")
+    assert compatibility.sources_label(first, tmp_path) == f"sources {first} (current)"  # only docs changed since
+    (tmp_path / "cpp" / "op.h").write_text("int b;\n")
+    git("commit", "-qam", "kernel")
+    assert compatibility.sources_label(docs, tmp_path) == f"sources {docs} (older: the C++ or Python changed since)"
+    assert compatibility.sources_label(first + "+changes", tmp_path) == f"sources {first} with uncommitted changes"
+    assert compatibility.sources_label("0123456789ab", tmp_path) == "sources 0123456789ab (not in this checkout)"
+    assert compatibility.sources_label(first, None) == f"sources {first}"
+    assert (
+        compatibility.sources_label("-", tmp_path)
+        == compatibility.sources_label(None, None)
+        == ("sources not recorded")
+    )
+    report = _report("2.14.1", "opbridge-0.1.0.210-cp311-cp311-manylinux_2_34_x86_64.whl")
+    report["environment"]["opbridge sources"] = docs
+    text, _ = compatibility.render([report], tmp_path)
+    assert f"; sources {docs} (older: the C++ or Python changed since) |" in text
+    assert "opbridge sources" not in text.split("## Runs")[1].split("## Wheels")[0]  # in its column, not twice

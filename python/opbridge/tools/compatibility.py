@@ -15,6 +15,7 @@ failed under a current run's wheels.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -74,7 +75,33 @@ def stale(reports: list[dict]) -> set[str]:
     return {run_key(r) for r in reports if _opbridge_version(r) and _opbridge_version(r)[:3] < newest}
 
 
-def render(reports: list[dict]) -> tuple[str, int]:
+# What the sources label of a run compares: the files a wheel is built from.
+SOURCE_PATHS = ("cpp", "python", "cmake", "CMakeLists.txt", "pyproject.toml")
+
+
+def sources_label(source: str | None, root: Path | None) -> str:
+    """A run's sources as the runs table says them: the commit its opbridge wheel was built from (its build info,
+    recorded since 2026-11-28) and, where `root` is the git checkout the report is made in, whether the wheel's files
+    (SOURCE_PATHS) are still the same there: "current", or "older" where they changed since."""
+    if not source or source == "-":
+        return "sources not recorded"
+    commit, _, changes = source.partition("+")
+    if changes:
+        return f"sources {commit} with uncommitted changes"
+    if root is None or not (root / ".git").exists():
+        return f"sources {commit}"
+    try:
+        same = subprocess.run(["git", "-C", str(root), "diff", "--quiet", commit, "--", *SOURCE_PATHS],
+                              capture_output=True, timeout=60).returncode  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return f"sources {commit}"
+    return {0: f"sources {commit} (current)", 1: f"sources {commit} (older: the C++ or Python changed since)"}.get(
+        same, f"sources {commit} (not in this checkout)"
+    )
+
+
+def render(reports: list[dict], root: Path | None = None) -> tuple[str, int]:
+    """The page and its number of failing cells; `root`: the checkout whose sources each run's are compared with."""
     old = stale(reports)
     current = [r for r in reports if run_key(r) not in old]
     runs = sorted({_run_name(r["environment"]) for r in current}, key=_version_key)
@@ -96,7 +123,9 @@ def render(reports: list[dict]) -> tuple[str, int]:
         "exporter lacks). On the torch and Python axes each run also runs tests/test_plain_export.py and",
         'tests/test_packaging.py against the installed wheels ("tests under the wheel"). Runs accumulate across',
         "matrix runs (docs/compatibility-runs.json); a run of a wheel built from older sources than the newest",
-        "run's is marked stale and has no column below.",
+        "run's is marked stale and has no column below. Each wheel built since 2026-11-28 records the commit it was",
+        "built from: the runs table says whether the C++ and Python of that commit are the sources here (current)",
+        'or changed since (older); runs of earlier wheels say "sources not recorded".',
         "",
         "## Runs",
         "",
@@ -106,12 +135,15 @@ def render(reports: list[dict]) -> tuple[str, int]:
     served: dict[tuple[str, str], list[str]] = defaultdict(list)
     for report in sorted(reports, key=lambda r: _version_key(_run_name(r["environment"]))):
         env = report["environment"]
-        versions = ", ".join(f"{k} {v}" for k, v in env.items() if k not in ("torch", "onnxruntime"))
+        shown_versions = {k: v for k, v in env.items() if k not in ("torch", "onnxruntime", "opbridge sources")}
+        versions = ", ".join(f"{k} {v}" for k, v in shown_versions.items())
         wheels = report.get("wheels", {})
         for record in wheels.values():
             served[(record["file"], record["sha256"])].append(_run_name(env))
         wheel = wheels.get("opbridge")
         shown = f"`{wheel['file']}` ({wheel['sha256'][:12]})" if wheel else "not recorded"
+        if wheel:
+            shown += f"; {sources_label(env.get('opbridge sources'), root)}"
         if run_key(report) in old:
             shown += f" **stale** (opbridge {env.get('opbridge', '?')})"
         tests = report.get("tests")
@@ -179,7 +211,7 @@ def main(argv: list[str]) -> int:
     new = [json.loads(p.read_text()) for p in paths]
     reports = merge(stored, new)
     store.write_text(json.dumps({"runs": reports}, indent=None, separators=(",", ":")) + "\n")
-    text, failures = render(reports)
+    text, failures = render(reports, Path(__file__).resolve().parents[3])
     out.write_text(text)
     old = stale(reports)
     for report in new:

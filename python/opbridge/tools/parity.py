@@ -705,6 +705,12 @@ def environment() -> dict[str, str]:
         except PackageNotFoundError:
             versions[package] = "-"
     versions["python"] = sys.version.split()[0]
+    try:  # the git commit the installed opbridge was built from (its build info; older builds have none)
+        from opbridge import _build_info
+
+        versions["opbridge sources"] = getattr(_build_info, "SOURCE", "") or "-"
+    except ImportError:
+        versions["opbridge sources"] = "-"
     return versions
 
 
