@@ -9,7 +9,8 @@
 // mmcv's kernels require every attribute; absent here, they take mmcv.ops.nms's and soft_nms's Python defaults
 // (iou_threshold 0.3 for soft NMS, sigma 0.5, min_score 1e-3, method linear, offset 0; NMS has no default
 // threshold, so it is required). float, double and float16 (computed in float32); SoftNonMaxSuppression on the CPU
-// only (its rounds are sequential: one block on a GPU would be slower than this loop).
+// only: one sequential round per picked box (2.6 ms for 1000 clustered boxes, 24.6 ms for 5000, one thread,
+// 2026-11-28), which a GPU could run as one block-wide reduction and compaction a round; not written yet.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
