@@ -100,7 +100,7 @@ def test_readme_table_is_current():
 
 
 def test_readme_table_reads_the_sources(tmp_path):
-    """The CUDA column follows cpp/ort/cuda/ops.cc and cpp/cuda/: a copy of the sources without the CUDA
+    """The CUDA column follows cpp/ort/cuda/<op>.cc and cpp/cuda/: a copy of the sources without the CUDA
     registrations of one node and one torch op gives a table that says so."""
     import shutil
 
@@ -110,7 +110,7 @@ def test_readme_table_reads_the_sources(tmp_path):
     opbridge._load()
     for part in ("cpp/ort", "cpp/cuda"):
         shutil.copytree(ROOT / part, tmp_path / part)
-    ops = tmp_path / "cpp/ort/cuda/ops.cc"
+    ops = tmp_path / "cpp/ort/cuda/psa_mask.cc"
     registration = "OPBRIDGE_ORT_FOREIGN_OP(mmcv, MMCVPSAMask"
     assert registration in ops.read_text()
     ops.write_text(ops.read_text().replace(registration, "// (mmcv, MMCVPSAMask"))

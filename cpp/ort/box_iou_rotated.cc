@@ -1,6 +1,6 @@
 // ORT adapter of kernels/box_iou_rotated.h: opbridge::BoxIouRotated(boxes1 [N, 5], boxes2 [M, 5]) -> [N, M] (or
 // [N] with aligned=1), attributes mode (0: iou, 1: iof), aligned and clockwise (0 or 1). float, double and float16
-// (computed in float32) on the CPU (here) and on CUDA (cuda/ops.cc).
+// (computed in float32) on the CPU (here) and on CUDA (cuda/<op>.cc).
 #include <vector>
 
 #include "ort/rotated.h"

@@ -3,7 +3,7 @@
 // kernel_size^2, H * s, W * s]) -> [N, C, H * s, W * s], int attributes kernel_size and group_size, float
 // scale_factor (an integer value). The two nodes compute the same thing (mmcv's two kernels differ in speed only).
 // No ONNX Runtime kernel existed for either. `Device` runs the checked call: the CPU library's (carafe.cc: float,
-// double and float16) or the CUDA one's (cuda/ops.cc: the same; float16 computed in float32 on both).
+// double and float16) or the CUDA one's (cuda/<op>.cc: the same; float16 computed in float32 on both).
 #pragma once
 
 #include <cstdint>

@@ -6,7 +6,7 @@
 //   bottom edge upwards), 1 bottom (from the top edge down), 2 left (from the right edge), 3 right (from the left
 //   edge): CornerNet's and CentripetalNet's corner pools.
 // `Device` runs the checked call: the CPU library's (cummax.cc: float, double, float16 computed in float32, and
-// int64 for cummax/cummin, as torch) or the CUDA one's (cuda/ops.cc: the same).
+// int64 for cummax/cummin, as torch) or the CUDA one's (cuda/<op>.cc: the same).
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,7 @@
 // attributes interpolation_mode (0 bilinear, 1 nearest, 2 bicubic), padding_mode (0 zeros, 1 border,
 // 2 reflection) and align_corners (0 or 1), torch's encodings. Their symbolics always write all three; absent, they
 // take grid_sample's defaults. `Device` runs the checked call: the CPU library's (grid_sampler.cc: float, double and
-// float16, computed in float32) or the CUDA one's (cuda/ops.cc: float, double and float16).
+// float16, computed in float32) or the CUDA one's (cuda/<op>.cc: float, double and float16).
 #pragma once
 
 #include <vector>

@@ -3,7 +3,7 @@
 // [1, C, H, W], mask [1, H, W] (float or bool: positions where mask > 0), weight [O, C, kh, kw], bias [O]
 // (optional)) -> [1, O, Ho, Wo], ints padding and stride (pairs, or one int; stride must be 1). No ONNX Runtime
 // kernel existed for it. The mask is read in host memory (its positions are found and checked there); `Device`
-// runs the checked call: the CPU library's (masked_conv2d.cc) or the CUDA one's (cuda/ops.cc); float, double and
+// runs the checked call: the CPU library's (masked_conv2d.cc) or the CUDA one's (cuda/<op>.cc); float, double and
 // float16 (computed in float32) on both.
 #pragma once
 

@@ -4,7 +4,7 @@
 // MultiScaleDeformableAttnFunction; same inputs in the same order, its attribute im2col_step, a CUDA batching
 // knob, is accepted and ignored), so that models mmdeploy exported run in ONNX Runtime, for which mmdeploy ships
 // no kernel. `Device` runs the checked call: the CPU library's (ms_deform_attn.cc) or the CUDA one's
-// (cuda/ops.cc); both read the level table on the host.
+// (cuda/<op>.cc); both read the level table on the host.
 #pragma once
 
 #include <string>

@@ -12,7 +12,7 @@
 //   inputs (float tensors of one element, read in host memory), not attributes.
 // The kept count is the data's, so `Device` returns the kept indices through `allocate(count)`, which allocates
 // the output: the CPU library's device (nms.cc, nms_rotated.cc: float, double and float16, computed in float32)
-// runs kernels/nms.h and nms_rotated.h; the CUDA one's (cuda/ops.cc: the same types) kernels/nms.cuh.
+// runs kernels/nms.h and nms_rotated.h; the CUDA one's (cuda/<op>.cc: the same types) kernels/nms.cuh.
 #pragma once
 
 #include <algorithm>

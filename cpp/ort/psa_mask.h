@@ -2,7 +2,7 @@
 // (mmsegmentation's PSANet): mmcv::MMCVPSAMask(input [N, mask_h * mask_w, H, W]) -> [N, H * W, H, W], int attribute
 // psa_type (0 collect, 1 distribute) and ints mask_size (mask_h, mask_w; one int for both). No ONNX Runtime kernel
 // existed for it. `Device` runs the checked call: the CPU library's (psa_mask.cc: float, double and float16) or the
-// CUDA one's (cuda/ops.cc: the same).
+// CUDA one's (cuda/<op>.cc: the same).
 #pragma once
 
 #include <cstdint>

@@ -6,7 +6,7 @@
 // spatial_scale (float), mode (string "avg" or "max") and aligned (int 0 or 1). mmcv's kernel required every
 // attribute; absent here, they take mmcv.ops.RoIAlign's defaults (sampling_ratio 0, mode "avg", aligned 1, scale 1)
 // except the output size, which is required. `Device` runs the checked call: the CPU library's (roi_align.cc: float,
-// double and float16, computed in float32) or the CUDA one's (cuda/ops.cc: the same); the rois are read and
+// double and float16, computed in float32) or the CUDA one's (cuda/<op>.cc: the same); the rois are read and
 // checked on the host on every device (the node asks for them in host memory).
 #pragma once
 

@@ -5,7 +5,7 @@
 // - mmcv::MMCVRoIAlignRotated, the node mmcv's RoIAlignRotated symbolic writes;
 // - mmdeploy::MMCVRoIAlignRotated, the node mmdeploy's rewrite of it writes (mmrotate's Oriented R-CNN and RoI
 //   Transformer heads); mmdeploy's own ONNX Runtime kernel builds only against ORT <= 1.15.
-// float, double and float16 (computed in float32) on the CPU (here) and on CUDA (cuda/ops.cc).
+// float, double and float16 (computed in float32) on the CPU (here) and on CUDA (cuda/<op>.cc).
 #include <vector>
 
 #include "kernels/roi_align_rotated.h"

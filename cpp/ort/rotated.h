@@ -1,5 +1,5 @@
 // ORT adapters of the rotated-detection nodes, for any device (the nodes' contracts are in roi_align_rotated.cc,
-// rotated_feature_align.cc and box_iou_rotated.cc, which run them on the CPU; cuda/ops.cc on the CUDA execution
+// rotated_feature_align.cc and box_iou_rotated.cc, which run them on the CPU; cuda/<op>.cc on the CUDA execution
 // provider; float, double and float16, computed in float32, on both). `Device` runs the checked call;
 // roi_align_rotated's rois are read and checked on the host on every device (the node asks for them in host memory), so
 // a wrong batch index is an error status.

@@ -1,7 +1,7 @@
 // ORT adapter of kernels/rotated_feature_align.h: opbridge::RotatedFeatureAlign and mmcv::MMCVRotatedFeatureAlign
 // (the node mmcv 1.x's RotatedFeatureAlign symbolic writes, for S2A-Net and R3Det), one contract: inputs
 // (features [N, C, H, W], best_rboxes [N, H, W, 5]), output [N, C, H, W], attributes spatial_scale (float) and
-// points (1 or 5). float, double and float16 (computed in float32) on the CPU (here) and on CUDA (cuda/ops.cc).
+// points (1 or 5). float, double and float16 (computed in float32) on the CPU (here) and on CUDA (cuda/<op>.cc).
 #include <vector>
 
 #include "ort/rotated.h"

@@ -1,5 +1,5 @@
 // libopbridge_ort_cuda.so's one export, called by libopbridge_ort.so (register.cc) when the runtime has the CUDA
-// execution provider: it creates this library's CUDA nodes (ops.cc) with the runtime's API and hands each to the
+// execution provider: it creates this library's CUDA nodes (cuda/<op>.cc) with the runtime's API and hands each to the
 // main library, which adds them to its domains beside the CPU nodes of the same names. ONNX Runtime then gives
 // a node the CUDA kernel when the session places it on the CUDA execution provider.
 #include <cstring>

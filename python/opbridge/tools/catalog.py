@@ -4,7 +4,7 @@ when that copy is stale (the test suite runs it, so a new op cannot be missing f
 
 ``--readme README.md`` rewrites the README's short table (between its ``box`` markers) from the same specs and from
 the sources beside the README: which ONNX Runtime nodes each C++ file registers (``cpp/ort/<op>.cc``), which of them
-the CUDA library registers (``cpp/ort/cuda/ops.cc``) and which torch ops have a CUDA kernel (``cpp/cuda/*.cu``);
+the CUDA library registers (``cpp/ort/cuda/<op>.cc``) and which torch ops have a CUDA kernel (``cpp/cuda/*.cu``);
 ``--check-readme`` fails when it is stale."""
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def readme_table(root: Path) -> str:
     registers), a row for the other nodes of the ORT library (mmcv's and mmdeploy's), one for the export rules of
     torch's own ops; the CUDA column read from the sources."""
     ort = root / "cpp" / "ort"
-    cuda_nodes = set(_registered_nodes(ort / "cuda" / "ops.cc"))
+    cuda_nodes = {node for path in sorted((ort / "cuda").glob("*.cc")) for node in _registered_nodes(path)}
     torch_cuda = {name for path in sorted((root / "cpp" / "cuda").glob("*.cu")) for name in
                   _TORCH_IMPL.findall(path.read_text())}  # fmt: skip
     files = {path.stem: _registered_nodes(path) for path in sorted(ort.glob("*.cc"))}
