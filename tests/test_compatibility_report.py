@@ -157,3 +157,58 @@ def test_each_run_says_whether_its_wheels_sources_are_the_checkouts(tmp_path):
     text, _ = compatibility.render([report], tmp_path)
     assert f"; sources {docs} (older: the C++ or Python changed since) |" in text
     assert "opbridge sources" not in text.split("## Runs")[1].split("## Wheels")[0]  # in its column, not twice
+
+
+def test_once_a_run_of_the_current_sources_exists_runs_of_other_sources_are_stale(tmp_path):
+    """Runs of one release accumulate across wheel builds; once the store holds a run of a wheel built from the
+    checkout's sources, the runs of wheels built from other sources (older C++ or Python, or not recorded) are
+    stale: listed, not counted, no column, even where they share a column's torch x ORT x Python."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    git("config", "user.email", "ci@example.invalid")
+    git("config", "user.name", "ci")
+    (tmp_path / "python").mkdir()
+    (tmp_path / "python" / "op.py").write_text("a = 1\n")
+    git("add", ".")
+    git("commit", "-qm", "first")
+    first = git("rev-parse", "--short=12", "HEAD")
+    (tmp_path / "python" / "op.py").write_text("a = 2\n")
+    git("commit", "-qam", "second")
+    second = git("rev-parse", "--short=12", "HEAD")
+
+    def run(torch, source, sha, failed=0):
+        report = _report(torch, f"opbridge-0.1.0.210-cp311-cp311-{sha}.whl", {"passed": 1, "failed": failed,
+                                                                               "skipped": 0})  # fmt: skip
+        report["environment"]["opbridge"] = "0.1.0.210"
+        report["wheels"]["opbridge"]["sha256"] = sha * 32
+        if source:
+            report["environment"]["opbridge sources"] = source
+        report["cells"][0]["status"] = "fail" if failed else "pass"
+        report["cells"][0]["cases"] = [{"detail": "wrong"}] if failed else []
+        return report
+
+    unrecorded, older, current = (
+        run("2.10.0", None, "aa", failed=1),
+        run("2.10.0", first, "bb", 1),
+        run("2.10.0", second, "cc"),
+    )
+    other_torch = run("2.11.0", first, "dd")
+    reports = [unrecorded, older, current, other_torch]
+    keys = {compatibility.run_key(r) for r in (unrecorded, older, other_torch)}
+    assert compatibility.stale(reports, tmp_path) == keys
+    text, failures = compatibility.render(reports, tmp_path)
+    assert failures == 0, "the failing cells and tests of the stale runs count"
+    header = next(line for line in text.splitlines() if line.startswith("| exporter |"))
+    assert header == "| exporter | lowering | opset | torch 2.10.0 / ORT 1.31.1 / Python 3.11 |"
+    assert text.count("**stale**") == 3 and "| **FAIL**" not in text and text.count("stale: not counted") == 3
+    # Without a run of the current sources (all older), only the unrecorded run is stale; its failure is not
+    # counted, the older run's is.
+    assert compatibility.stale([unrecorded, older], tmp_path) == {compatibility.run_key(unrecorded)}
+    assert compatibility.render([unrecorded, older], tmp_path)[1] == 2
+    # Outside a checkout nothing is current: a run that records its sources still makes an unrecorded one stale.
+    assert compatibility.stale([unrecorded, current], None) == {compatibility.run_key(unrecorded)}

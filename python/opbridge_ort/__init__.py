@@ -68,7 +68,8 @@ def library_path() -> str:
         where = "OPBRIDGE_ORT_LIBRARY points to" if override else "opbridge_ort expects"
         raise FileNotFoundError(
             f"{where} the custom-op library at {path}, but there is no such file. Reinstall the package "
-            "(pip install --no-build-isolation . from an opbridge checkout), or build the library with CMake "
+            "(pip install ./python/runtime from an opbridge checkout: the opbridge-ort package), or build the "
+            "library with CMake "
             "(cmake -S . -B build -DOPBRIDGE_BUILD_TORCH=OFF && cmake --build build) and set "
             "OPBRIDGE_ORT_LIBRARY to build/cpp/ort/libopbridge_ort.so."
         )

@@ -66,13 +66,27 @@ def merge(stored: list[dict], new: list[dict]) -> list[dict]:
     return [runs[key] for key in sorted(runs)]
 
 
-def stale(reports: list[dict]) -> set[str]:
-    """Keys of the runs whose opbridge wheel was built from older sources than the newest run's: an older release
-    (major.minor.patch). The fourth component is not the sources' but the oldest torch a wheel loads under (206,
-    209, 210: the classic and stable wheels of one release), so it is not compared."""
+def stale(reports: list[dict], root: Path | None = None) -> set[str]:
+    """Keys of the runs whose opbridge wheel was built from older sources than the newest runs': an older release
+    (major.minor.patch; the fourth component is not the sources' but the oldest torch a wheel loads under, 206, 209,
+    210: the classic and stable wheels of one release, so it is not compared), and, within a release, once any run
+    records the sources its wheel was built from (wheels since 2026-11-28): the runs that record none, and, where
+    `root` is the git checkout and some run's sources are its current ones, every run whose sources are not."""
     releases = [_opbridge_version(r)[:3] for r in reports if _opbridge_version(r)]
     newest = max(releases, default=())
-    return {run_key(r) for r in reports if _opbridge_version(r) and _opbridge_version(r)[:3] < newest}
+    old = {run_key(r) for r in reports if _opbridge_version(r) and _opbridge_version(r)[:3] < newest}
+    rest = [r for r in reports if run_key(r) not in old]
+    if not any(_source(r) for r in rest):
+        return old
+    labels = {source: sources_label(source, root) for source in {_source(r) for r in rest}}
+    if any(label.endswith("(current)") for label in labels.values()):
+        return old | {run_key(r) for r in rest if not labels[_source(r)].endswith("(current)")}
+    return old | {run_key(r) for r in rest if not _source(r)}
+
+
+def _source(report: dict) -> str | None:
+    source = report["environment"].get("opbridge sources")
+    return None if source in (None, "", "-") else source
 
 
 # What the sources label of a run compares: the files a wheel is built from.
@@ -102,7 +116,7 @@ def sources_label(source: str | None, root: Path | None) -> str:
 
 def render(reports: list[dict], root: Path | None = None) -> tuple[str, int]:
     """The page and its number of failing cells; `root`: the checkout whose sources each run's are compared with."""
-    old = stale(reports)
+    old = stale(reports, root)
     current = [r for r in reports if run_key(r) not in old]
     runs = sorted({_run_name(r["environment"]) for r in current}, key=_version_key)
     by_op: dict[str, dict[tuple, dict[str, list[dict]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
@@ -122,10 +136,11 @@ def render(reports: list[dict], root: Path | None = None) -> tuple[str, int]:
         "or **n/a** (expected not to run; the footnote says why). A blank cell was not run (e.g. an opset the",
         "exporter lacks). On the torch and Python axes each run also runs tests/test_plain_export.py and",
         'tests/test_packaging.py against the installed wheels ("tests under the wheel"). Runs accumulate across',
-        "matrix runs (docs/compatibility-runs.json); a run of a wheel built from older sources than the newest",
-        "run's is marked stale and has no column below. Each wheel built since 2026-11-28 records the commit it was",
+        "matrix runs (docs/compatibility-runs.json). Each wheel built since 2026-11-28 records the commit it was",
         "built from: the runs table says whether the C++ and Python of that commit are the sources here (current)",
-        'or changed since (older); runs of earlier wheels say "sources not recorded".',
+        'or changed since (older); runs of earlier wheels say "sources not recorded". A run of an older release, or,',
+        "once a run of the current sources exists, a run of any other sources (or of unrecorded ones) is marked",
+        "stale and has no column below.",
         "",
         "## Runs",
         "",
@@ -211,9 +226,10 @@ def main(argv: list[str]) -> int:
     new = [json.loads(p.read_text()) for p in paths]
     reports = merge(stored, new)
     store.write_text(json.dumps({"runs": reports}, indent=None, separators=(",", ":")) + "\n")
-    text, failures = render(reports, Path(__file__).resolve().parents[3])
+    root = Path(__file__).resolve().parents[3]
+    text, failures = render(reports, root)
     out.write_text(text)
-    old = stale(reports)
+    old = stale(reports, root)
     for report in new:
         print(f"new: {_run_name(report['environment'])}: {report['summary']}")
     print(f"wrote {out} ({len(reports)} runs, {len(new)} new, {len(old)} stale; stored in {store}); "
