@@ -666,6 +666,62 @@ def test_patch_model_serves_half_precision_layers_at_the_librarys_accuracy_or_be
     assert our_error <= 1.5 * library_error + 1e-3, (our_error, library_error)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_patch_model_training_step_under_autocast_is_as_close_to_float32_as_the_librarys(dtype, device, monkeypatch):
+    """A transformers Deformable DETR training step (forward, loss, backward) under autocast, with patch_model: the
+    attention runs on opbridge's op in the autocast dtype, every parameter the float32 step gives a gradient gets
+    one, and the gradients are as close to the float32 step's as the library's own autocast step (its grid_sample
+    loop) is, or closer: overall, and for the attention's own projections (sampling offsets, attention weights,
+    value), whose gradients come through the op's backward."""
+    import contextlib
+    import copy
+
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (the test extra has it)")
+    from opbridge.tools import models
+
+    calls = []
+    original = msda_module.ms_deform_attn
+    monkeypatch.setattr(msda_module, "ms_deform_attn", lambda *a: calls.append(a[0].dtype) or original(*a))
+    config, _ = models.TRANSFORMERS_MSDA["DeformableDetrModel"]
+    torch.manual_seed(0)
+    base = transformers.DeformableDetrModel(config()).eval()  # eval: no dropout, so the three steps are comparable
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # the initial offsets put samples on pixel centres, where bilinear sampling has a kink
+        for name, parameter in base.named_parameters():
+            if "sampling_offsets.bias" in name:
+                parameter.add_(torch.rand(parameter.shape, generator=generator) * 0.3)
+    pixels = torch.rand(2, 3, 96, 128, generator=generator).to(device)
+    # A loss of a random projection of the output: the decoder's output is layer-normed, so the mean of its squares
+    # hardly depends on the parameters, and its gradients would be float32 rounding noise.
+    projection = torch.randn(2, 10, 32, generator=generator).to(device)
+
+    def step(autocast: bool, patched: bool) -> dict[str, torch.Tensor]:
+        model = copy.deepcopy(base).to(device)
+        context = torch.autocast(device, dtype=dtype) if autocast else contextlib.nullcontext()
+        with context, opbridge.patch_model(model) if patched else contextlib.nullcontext():
+            loss = (model(pixel_values=pixels).last_hidden_state.float() * projection).mean()
+        loss.backward()
+        return {n: p.grad.double() for n, p in model.named_parameters() if p.grad is not None}
+
+    reference = step(autocast=False, patched=False)
+    library = step(autocast=True, patched=False)
+    assert not calls
+    ours = step(autocast=True, patched=True)
+    assert calls and all(d == dtype for d in calls), calls
+    assert set(ours) == set(reference), "parameters that lost (or gained) their gradient under patch_model"
+
+    def error(grads, names):
+        difference = torch.cat([(grads[n] - reference[n]).flatten() for n in names])
+        return float(difference.norm() / torch.cat([reference[n].flatten() for n in names]).norm())
+
+    attention = [n for n in reference if any(k in n for k in ("sampling_offsets", "attention_weights", "value_proj"))]
+    assert attention
+    for names in (list(reference), attention):
+        our_error, library_error = error(ours, names), error(library, names)
+        assert our_error <= 1.5 * library_error + 1e-4, (len(names), our_error, library_error)
+
+
 # --- opcheck: fake kernels, autograd and the dispatcher agree on half and mixed dtypes ------------------------------
 
 _OPCHECK = {
