@@ -331,7 +331,10 @@ class _AnchorCachingHead(torch.nn.Module):
         return x + self.anchors
 
 
+_first_line = vars(_AnchorCachingHead).get("__firstlineno__")
 _AnchorCachingHead.__module__ = "ultralytics.opbridge_test"
+if _first_line is not None:  # CPython 3.13 drops a class's __firstlineno__ with its __module__; getsource needs it
+    _AnchorCachingHead.__firstlineno__ = _first_line
 
 
 def _export_and_run_at_another_width(head):
