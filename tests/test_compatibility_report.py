@@ -21,6 +21,20 @@ def _report(torch: str, wheel: str | None, tests: dict | None = None, python: st
     return report
 
 
+def _repository(path):
+    """A git repository at `path`, and a function running git there (returning its output)."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(path), *args], check=True, capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    git("config", "user.email", "ci@example.invalid")
+    git("config", "user.name", "ci")
+    return git
+
+
 def test_each_run_names_its_wheel_and_each_wheel_its_runs():
     stable = "opbridge-0.1.0.210-cp311-cp311-manylinux_2_34_x86_64.whl"
     text, failures = compatibility.render(
@@ -122,15 +136,7 @@ def test_each_run_says_whether_its_wheels_sources_are_the_checkouts(tmp_path):
     """A wheel records the commit it was built from (its build info); the runs table says whether the C++ and
     Python of that commit are the checkout's (current) or changed since (older), and the commit alone where the
     report is made outside a checkout."""
-    import subprocess
-
-    def git(*args):
-        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True,
-                              text=True).stdout.strip()  # fmt: skip
-
-    git("init", "-q")
-    git("config", "user.email", "ci@example.invalid")
-    git("config", "user.name", "ci")
+    git = _repository(tmp_path)
     (tmp_path / "cpp").mkdir()
     (tmp_path / "cpp" / "op.h").write_text("int a;\n")
     git("add", ".")
@@ -163,15 +169,7 @@ def test_once_a_run_of_the_current_sources_exists_runs_of_other_sources_are_stal
     """Runs of one release accumulate across wheel builds; once the store holds a run of a wheel built from the
     checkout's sources, the runs of wheels built from other sources (older C++ or Python, or not recorded) are
     stale: listed, not counted, no column, even where they share a column's torch x ORT x Python."""
-    import subprocess
-
-    def git(*args):
-        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True,
-                              text=True).stdout.strip()  # fmt: skip
-
-    git("init", "-q")
-    git("config", "user.email", "ci@example.invalid")
-    git("config", "user.name", "ci")
+    git = _repository(tmp_path)
     (tmp_path / "python").mkdir()
     (tmp_path / "python" / "op.py").write_text("a = 1\n")
     git("add", ".")
