@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of opbridge's CUDA ops on a machine with an NVIDIA GPU, a CUDA build of torch (>= 2.10) with
-# torchvision, nvcc, and scikit-build-core + pybind11 (no network needed): builds opbridge there, runs
-# tests/test_cuda.py, the CUDA cases of tests/test_mixed_precision.py and the GPU benchmarks
-# (python -m opbridge.tools.bench_cuda).
+# torchvision and pytest-xdist, and (to build opbridge there, unless OPBRIDGE_WHEELS says otherwise, below) nvcc,
+# scikit-build-core and pybind11; no network needed. Builds opbridge there, runs tests/test_cuda.py, the CUDA
+# cases of tests/test_mixed_precision.py and the GPU benchmarks (python -m opbridge.tools.bench_cuda).
 #
 # With onnxruntime-gpu importable and OPBRIDGE_ORT_LIBRARY pointing at a libopbridge_ort.so that has
 # libopbridge_ort_cuda.so beside it (`cmake -S . -B build/gpu-ort -DOPBRIDGE_BUILD_TORCH=OFF`, built anywhere nvcc
@@ -24,11 +24,13 @@ nvidia-smi -L || true
 "$python" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
 if [[ -n "${OPBRIDGE_WHEELS:-}" ]]; then
   # The wheels users install: pip picks the one for this Python; opbridge_ort's library and its CUDA library come
-  # from the runtime wheel, which needs scipy-openblas32's wheel in the same folder (no index is asked).
+  # from the runtime wheel. Its one native dependency, scipy-openblas32, comes from the folder where its wheel is
+  # there (no index is asked), else it must already be installed.
   site=$(mktemp -d)
   start=$(date +%s)
-  "$python" -m pip install --no-index --no-deps -q --target "$site" --find-links "$OPBRIDGE_WHEELS" \
-    opbridge opbridge_ort scipy-openblas32
+  packages=(opbridge opbridge_ort)
+  if compgen -G "$OPBRIDGE_WHEELS/scipy_openblas32-*.whl" > /dev/null; then packages+=(scipy-openblas32); fi
+  "$python" -m pip install --no-index --no-deps -q --target "$site" --find-links "$OPBRIDGE_WHEELS" "${packages[@]}"
   echo "install: $(( $(date +%s) - start )) s"
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 else
