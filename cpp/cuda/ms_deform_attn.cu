@@ -44,7 +44,7 @@ MSDeformAttnTable table_of(const ms_deform_attn_op::Inputs& in) {
   return table;
 }
 
-// target[0..kVec) += value[0..kVec) atomically: one vector atomic per float x 4 on sm_90 (kVec 4, or 8 for half
+// target[0..kVec) += value[0..kVec) atomically: one vector atomic per float x 4 on sm_90 (kVec 4, float32 or half
 // storage beside a float32 grad_value; target 16-byte aligned there), else per element.
 template <class T, int kVec>
 __device__ inline void atomic_add(T* target, const T (&value)[kVec]) {
@@ -228,7 +228,7 @@ std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_cuda(const Tensor& gr
   auto launch = [&](auto storage, auto arithmetic) {
     using S = decltype(storage);
     using T = decltype(arithmetic);
-    constexpr int kVec = 16 / sizeof(S);
+    constexpr int kVec = kernels::cuda::ms_deform_attn_vector<S>();
     const bool vectors = kernels::cuda::ms_deform_attn_vectors<S>(s, {in.value.const_data_ptr(), g.const_data_ptr()}) &&
                          reinterpret_cast<uintptr_t>(grad_value.const_data_ptr()) % 16 == 0;
     const int lanes = kernels::cuda::ms_deform_attn_lanes(vectors ? s.channels / kVec : s.channels);

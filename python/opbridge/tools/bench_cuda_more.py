@@ -11,6 +11,9 @@
 - ``rotated_rows``: the rotated ops' CUDA kernels against torchvision's CUDA ``roi_align``/``nms``/``box_iou`` on the
   same boxes at angle 0 (equal work for roi_align; the axis-aligned IoU is cheaper than polygon clipping), and
   against the same op on the CPU.
+- ``rotated_torch_rows``: the rotated ops at any angle against the same ops written as vectorized torch on the same
+  GPU (``opbridge.tools.rotated_torch``: Green's theorem over clipped edges, greedy NMS as a fixed point, gathers),
+  with the outputs compared.
 - ``ort_standard_rows``: opbridge's ORT CUDA nodes for mmcv/mmdeploy's ``grid_sampler``, ``NonMaxSuppression`` and
   ``MMCVRoiAlign`` against ONNX Runtime's own ``GridSample``, ``NonMaxSuppression`` and ``RoiAlign`` on the CUDA
   execution provider, same inputs.
@@ -23,6 +26,7 @@ A section that fails reports its error instead of its rows, so one run on a borr
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from collections.abc import Callable
@@ -219,6 +223,62 @@ def rotated_rows(repeat: int) -> list[dict]:
             rows.append(dict(op="box_iou_rotated", case=f"{count} x {count} boxes", path=name,
                              forward_ms=_time_ms(op, repeat if "CUDA" in name else 3),
                              max_difference=difference))  # fmt: skip
+    return rows
+
+
+def _rotated_boxes(count: int, generator, spread: float = 200.0) -> torch.Tensor:
+    boxes = _axis_aligned_boxes(count, generator, spread)
+    boxes[:, 4] = (torch.rand(count, generator=generator) - 0.5) * 2 * math.pi
+    return boxes
+
+
+def rotated_torch_rows(repeat: int, device: str = "cuda") -> list[dict]:
+    """The rotated ops at any angle against the same ops written as vectorized torch on the same device
+    (opbridge.tools.rotated_torch): what a user without a kernel would run."""
+    from . import rotated_torch
+
+    generator = torch.Generator().manual_seed(4)
+    rows = []
+    features = torch.randn(2, 256, 100, 136, generator=generator).to(device)
+    rois = torch.cat([torch.randint(0, 2, (1000, 1), generator=generator).float(),
+                      _rotated_boxes(1000, generator, 100.0)], 1).to(device)  # fmt: skip
+    leaf = features.clone().requires_grad_()
+    paths = {
+        "opbridge": lambda x: opbridge.roi_align_rotated(x, rois, (7, 7), 0.5, 2, True, False),
+        "vectorized torch": lambda x: rotated_torch.roi_align_rotated(x, rois, (7, 7), 0.5, 2, True, False),
+    }
+    expected = paths["vectorized torch"](features)
+    difference = float((paths["opbridge"](features) - expected).abs().max())
+    grad = torch.randn(expected.shape, generator=generator).to(device)
+    for name, op in paths.items():
+
+        def step(op=op):
+            return torch.autograd.grad(op(leaf), leaf, grad)
+
+        rows.append(dict(op="roi_align_rotated", case="N2 C256 100x136, 1000 rotated rois, 7x7", path=name,
+                         forward_ms=_time_ms(lambda op=op: op(features), repeat), training_ms=_time_ms(step, repeat),
+                         max_difference=difference))  # fmt: skip
+    for count in (1000, 5000):
+        boxes = _rotated_boxes(count, generator).to(device)
+        scores = torch.rand(count, generator=generator).to(device)
+        ours, theirs = opbridge.box_iou_rotated(boxes, boxes), rotated_torch.box_iou_rotated(boxes, boxes)
+        difference = float((ours - theirs).abs().max())
+        for name, op in {
+            "opbridge": lambda b=boxes: opbridge.box_iou_rotated(b, b),
+            "vectorized torch": lambda b=boxes: rotated_torch.box_iou_rotated(b, b),
+        }.items():
+            rows.append(dict(op="box_iou_rotated", case=f"{count} x {count} rotated boxes", path=name,
+                             forward_ms=_time_ms(op, repeat), max_difference=difference))  # fmt: skip
+        same = (
+            opbridge.nms_rotated(boxes, scores, 0.5)[1].tolist()
+            == rotated_torch.nms_rotated(boxes, scores, 0.5).tolist()
+        )
+        for name, op in {
+            "opbridge": lambda b=boxes, s=scores: opbridge.nms_rotated(b, s, 0.5),
+            "vectorized torch": lambda b=boxes, s=scores: rotated_torch.nms_rotated(b, s, 0.5),
+        }.items():
+            rows.append(dict(op="nms_rotated", case=f"{count} rotated boxes", path=name,
+                             forward_ms=_time_ms(op, repeat), same_kept=same))  # fmt: skip
     return rows
 
 
@@ -469,6 +529,10 @@ def report() -> tuple[str, dict]:
             lambda r: r["path"].startswith("torchvision"),
             [("forward_ms", "forward ms", ".3f"), ("training_ms", "training step ms", ".3f"),
              ("max_difference", "max difference to torchvision", ".2e"), ("same_kept", "same kept boxes", "")]),
+        "Rotated ops at any angle on CUDA against the same ops as vectorized torch on the GPU": (rotated_torch_rows,
+            lambda r: r["path"] == "vectorized torch",
+            [("forward_ms", "forward ms", ".3f"), ("training_ms", "training step ms", ".3f"),
+             ("max_difference", "max difference", ".2e"), ("same_kept", "same kept boxes", "")]),
         "ORT CUDA nodes against ONNX Runtime's own CUDA kernels": (ort_standard_rows,
             lambda r: not r["path"].startswith("opbridge"),
             [("forward_ms", "forward ms", ".3f"), ("max_difference", "max difference", ".2e"),
