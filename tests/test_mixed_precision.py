@@ -63,13 +63,19 @@ def _as_float64(values):
     return [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values]
 
 
-def assert_rounded_once(out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
-    """`out` (dtype) is float64's `expected` rounded once: |out - expected| <= u |expected| + float32's error."""
+def assert_rounded_once(
+    out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, terms: torch.Tensor | None = None
+) -> None:
+    """`out` (dtype) is float64's `expected` rounded once: |out - expected| <= u |expected| + float32's error. With
+    `terms` (the sum of the absolute values of the products that make each element), one rounding more of every
+    product's operand is allowed: u * terms (deform_conv2d's bfloat16 products)."""
     assert out.dtype == dtype, f"output dtype {out.dtype}, expected {dtype}"
     assert out.shape == expected.shape
     error = (out.double() - expected).abs()
     slack = 2e-6 * expected.abs().max().clamp_min(1.0)  # float32 arithmetic before the rounding
     bound = UNIT[dtype] * expected.abs() + slack
+    if terms is not None:
+        bound = bound + UNIT[dtype] * terms
     worst = (error - bound).max()
     assert bool((error <= bound).all()), (
         f"{int((error > bound).sum())} of {error.numel()} elements are more than one {dtype} rounding from the "
@@ -151,8 +157,57 @@ def test_half_storage_rounds_the_float64_value_once(name, dtype, mixed, device):
     op, inputs, reference = build(dtype, precise if mixed else ())
     inputs = _on(inputs, device)
     out = op(*inputs)
+    terms = None
+    if name == "deform_conv2d" and dtype == torch.bfloat16 and device == "cpu" and dcn_module.cpu_bf16_products():
+        terms = _dcn_product_terms(*_on(inputs, "cpu"))  # the columns rounded to bfloat16 before the products
     # The references are plain torch math on the CPU (float64).
-    assert_rounded_once(out.cpu(), reference(*_on(inputs, "cpu")), dtype)
+    assert_rounded_once(out.cpu(), reference(*_on(inputs, "cpu")), dtype, terms)
+
+
+def _dcn_product_terms(x, offset, weight, bias, mask):
+    """Sum over (channel, tap) of |weight| x |sampled column| for each output element: the bilinear sample of |x|
+    bounds the sample's magnitude (its weights are >= 0), times |mask|."""
+    x, offset, weight, mask = _as_float64([x, offset, weight, mask])
+    return dcn_module.reference(x.abs(), offset, weight.abs(), None, padding=(1, 1), mask=mask.abs())
+
+
+_BF16_PATHS = """
+import sys, torch, opbridge
+from opbridge.ops import deform_conv2d as m
+g = torch.Generator().manual_seed(7)
+x = torch.randn(2, 32, 11, 13, generator=g).bfloat16()
+offset = 2 * torch.randn(2, 2 * 2 * 9, 11, 13, generator=g)
+weight = (torch.randn(40, 16, 3, 3, generator=g) / 12).bfloat16()
+bias, mask = torch.randn(40, generator=g).bfloat16(), torch.rand(2, 2 * 9, 11, 13, generator=g)
+out = opbridge.deform_conv2d(x, offset, weight, bias, padding=(1, 1), mask=mask)
+wide = opbridge.deform_conv2d(x.float(), offset, weight.float(), bias.float(), padding=(1, 1), mask=mask)
+torch.save(dict(out=out, wide=wide, chosen=m.cpu_bf16_products(), inputs=(x, offset, weight, bias, mask)), sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("products", ["0", "1"])
+def test_deform_conv2d_bfloat16_products_on_the_cpu_round_the_columns_once_more(products, tmp_path):
+    """OPBRIDGE_CPU_BF16_GEMM=0: the float32 path (bit for bit the float32 op on the widened values, rounded once);
+    1 (the default on CPUs with AVX512-BF16): bfloat16 products, within one rounding more of each column. Both
+    paths run on any CPU (1 without the instructions is slow, not wrong); groups and offset groups of 2."""
+    import os
+    import subprocess
+    import sys
+
+    saved = tmp_path / "out.pt"
+    env = dict(os.environ, OPBRIDGE_CPU_BF16_GEMM=products)
+    subprocess.run([sys.executable, "-c", _BF16_PATHS, str(saved)], env=env, check=True, timeout=120)
+    result = torch.load(saved)
+    assert result["chosen"] == (products == "1")
+    x, offset, weight, bias, mask = result["inputs"]
+    exact = _as_float64([x, offset, weight, bias, mask])
+    expected = dcn_module.reference(*exact[:4], padding=(1, 1), mask=exact[4])
+    if products == "0":
+        assert torch.equal(result["out"], result["wide"].bfloat16())
+        assert_rounded_once(result["out"], expected, torch.bfloat16)
+    else:
+        assert not torch.equal(result["out"], result["wide"].bfloat16())  # the other path ran
+        assert_rounded_once(result["out"], expected, torch.bfloat16, _dcn_product_terms(x, offset, weight, bias, mask))
 
 
 @pytest.mark.parametrize(

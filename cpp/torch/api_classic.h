@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
@@ -80,6 +81,20 @@ inline bool onednn_gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t
     return false;
   }
   at::from_blob(c, {m, n}, {ldc, 1}, options).copy_(stack.at(0).toTensor());
+  return true;
+}
+
+// c[i * c_row + j * c_col] = (a[n, k] . b[m, k]^T + bias[m])[i, j] for bfloat16 a, b, bias (bias may be null) and c:
+// float32 products and sums, one rounding (at::linear: oneDNN's bfloat16 GEMM on CPUs with bfloat16 instructions).
+inline bool linear_bf16(int64_t n, int64_t m, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                        const uint16_t* bias, uint16_t* c, int64_t c_row, int64_t c_col) {
+  const auto options = at::TensorOptions().dtype(at::kBFloat16);
+  const auto result =
+      at::linear(at::from_blob(const_cast<uint16_t*>(a), {n, k}, {lda, 1}, options),
+                 at::from_blob(const_cast<uint16_t*>(b), {m, k}, {ldb, 1}, options),
+                 bias != nullptr ? std::optional<at::Tensor>(at::from_blob(const_cast<uint16_t*>(bias), {m}, options))
+                                 : std::nullopt);
+  at::from_blob(c, {n, m}, {c_row, c_col}, options).copy_(result);
   return true;
 }
 

@@ -149,6 +149,33 @@ inline bool onednn_gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t
   return true;
 }
 
+// c[i * c_row + j * c_col] = (a[n, k] . b[m, k]^T + bias[m])[i, j] for bfloat16 a, b, bias (bias may be null) and c:
+// float32 products and sums, one rounding (torch's aten::linear, oneDNN's bfloat16 GEMM on CPUs with bfloat16
+// instructions). a's rows lda apart, b's ldb. False where the call failed (nothing written).
+inline bool linear_bf16(int64_t n, int64_t m, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                        const uint16_t* bias, uint16_t* c, int64_t c_row, int64_t c_col) {
+  const auto cpu = torch::stable::Device(torch::headeronly::DeviceType::CPU);
+  const auto bf16 = ScalarType::BFloat16;
+  const int64_t a_shape[] = {n, k}, a_strides[] = {lda, 1}, b_shape[] = {m, k}, b_strides[] = {ldb, 1};
+  const int64_t bias_shape[] = {m}, bias_strides[] = {1};
+  std::array<StableIValue, 3> stack{
+      torch::stable::detail::from(torch::stable::from_blob(const_cast<uint16_t*>(a), a_shape, a_strides, cpu, bf16)),
+      torch::stable::detail::from(torch::stable::from_blob(const_cast<uint16_t*>(b), b_shape, b_strides, cpu, bf16)),
+      // Tensor? in the schema: an optional, not a Tensor (the boxed call reads the value as std::optional).
+      torch::stable::detail::from(bias != nullptr
+                                      ? std::optional<Tensor>(torch::stable::from_blob(
+                                            const_cast<uint16_t*>(bias), bias_shape, bias_strides, cpu, bf16))
+                                      : std::nullopt)};
+  if (torch_call_dispatcher("aten::linear", "", stack.data(), TORCH_ABI_VERSION) != AOTI_TORCH_SUCCESS) return false;
+  const auto result = torch::stable::detail::to<Tensor>(stack[0]);
+  const auto* values = static_cast<const uint16_t*>(result.data_ptr());
+  const auto strides = result.strides();
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) c[i * c_row + j * c_col] = values[i * strides[0] + j * strides[1]];
+  }
+  return true;
+}
+
 // torch's CPU GEMM: c[m, n] = a[m, k] * b[n, k]^T, row-major with leading dimensions, through oneDNN or torch's
 // BLAS as cpu_gemm.h chooses.
 template <class T>

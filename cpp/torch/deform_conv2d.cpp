@@ -1,6 +1,8 @@
 // opbridge::deform_conv2d: the op's schema (torchvision.ops.deform_conv2d's
 // signature and semantics; groups and offset groups follow from the shapes) and
 // its CPU adapter of kernels/deform_conv2d.h.
+#include <atomic>
+#include <cstdint>
 #include <optional>
 #include <tuple>
 
@@ -30,12 +32,46 @@ using deform_conv2d_op::checked_shape;
 
 const auto parallel_for = [](int64_t tasks, const auto& task) { api::parallel_for(tasks, task); };
 
+// bfloat16 input on a CPU with bfloat16 GEMMs (api::use_bf16_products): the sampling in float32 (input, offset and
+// mask widened), the products in bfloat16 with float32 sums, the bias added before the output's one rounding.
+Tensor deform_conv2d_bf16_products(const Tensor& input, const Tensor& offset, const Tensor& weight,
+                                   const std::optional<Tensor>& bias, const std::optional<Tensor>& mask,
+                                   const kernels::DeformConv2dShape& shape) {
+  using kernels::BFloat16;
+  auto out = api::empty({shape.batch, shape.out_channels, shape.out_h, shape.out_w}, api::ScalarType::BFloat16);
+  if (out.numel() == 0) return out;
+  const auto x = api::contiguous(api::widened(input)), o = api::contiguous(api::widened(offset));
+  const auto w = api::contiguous(weight);
+  const auto m = mask ? std::optional<Tensor>(api::contiguous(api::widened(*mask))) : std::nullopt;
+  const auto b = bias ? std::optional<Tensor>(api::contiguous(*bias)) : std::nullopt;
+  std::atomic<bool> failed{false};
+  auto linear = [&](int64_t n, int64_t m_, int64_t k, const BFloat16* a, int64_t lda, const BFloat16* w_, int64_t ldw,
+                    const BFloat16* bias_, BFloat16* c, int64_t c_row, int64_t c_col) {
+    const auto bits = [](const BFloat16* p) { return reinterpret_cast<const uint16_t*>(p); };
+    if (!api::linear_bf16(n, m_, k, bits(a), lda, bits(w_), ldw, bits(bias_), reinterpret_cast<uint16_t*>(c), c_row,
+                          c_col)) {
+      failed = true;
+    }
+  };
+  kernels::deform_conv2d_bf16_products(api::data<float>(x), static_cast<const BFloat16*>(w.const_data_ptr()),
+                                       api::data<float>(o), m ? api::data<float>(*m) : nullptr,
+                                       b ? static_cast<const BFloat16*>(b->const_data_ptr()) : nullptr,
+                                       static_cast<BFloat16*>(out.mutable_data_ptr()), shape, parallel_for, linear);
+  OPBRIDGE_CHECK(!failed,
+                 "opbridge::deform_conv2d: torch's bfloat16 linear (aten::linear) failed on this CPU; set "
+                 "OPBRIDGE_CPU_BF16_GEMM=0 to compute bfloat16 input in float32 instead");
+  return out;
+}
+
 Tensor deform_conv2d_cpu(const Tensor& input, const Tensor& offset, const Tensor& weight,
                          const std::optional<Tensor>& bias, IntList stride, IntList padding, IntList dilation,
                          const std::optional<Tensor>& mask) {
   OPBRIDGE_CHECK(api::is_cpu(input), "opbridge::deform_conv2d: input must be on the CPU, got ",
                  api::device_name(input));
   const auto shape = checked_shape(input, offset, weight, bias, stride, padding, dilation, mask);
+  if (input.scalar_type() == api::ScalarType::BFloat16 && api::use_bf16_products()) {
+    return deform_conv2d_bf16_products(input, offset, weight, bias, mask, shape);
+  }
   if (api::is_half(input.scalar_type())) {  // half storage: float32 arithmetic, one rounding at the end
     return api::to(deform_conv2d_cpu(api::widened(input), api::widened(offset), api::widened(weight),
                                      api::widened(bias), stride, padding, dilation, api::widened(mask)),

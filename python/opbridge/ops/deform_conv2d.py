@@ -18,6 +18,8 @@ Both torch ops lower the same three ways:
 from __future__ import annotations
 
 import math
+import os
+import platform
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -81,8 +83,9 @@ def deform_conv2d(
         RuntimeError: dtypes differ or are not float32/float64, a tensor is not on the CPU (or, for meta and
             fake tensors, not all on one device), or the shapes disagree (the message gives the numbers).
 
-    float32 or float64, CPU. Differentiable in input, offset, weight, bias and mask (the backward is a C++
-    kernel, deterministic; double backward raises). Scriptable (``torch.jit.script``), traceable by
+    float32, float64, float16 or bfloat16 (offset and mask may stay float32 beside a half input), CPU or CUDA.
+    Differentiable in input, offset, weight, bias and mask (the backward is a C++ kernel, deterministic on the CPU;
+    double backward raises). Scriptable (``torch.jit.script``), traceable by
     ``torch.export`` and ``torch.compile``. Exports to ONNX ``DeformConv`` (opset >= 19), to standard ops
     below that, or to one ``opbridge::DeformConv2d`` node (see :mod:`opbridge.onnx`).
 
@@ -93,7 +96,10 @@ def deform_conv2d(
     GEMMs: float32 products run on oneDNN (torch's ``mkldnn::_linear_pointwise``) on x86 CPUs that are not Intel's
     and have AVX-512, where MKL runs AVX2 code (about twice as fast there), and on torch's BLAS (``aten::mm``)
     elsewhere and for float64. The environment variable ``OPBRIDGE_CPU_GEMM=blas`` or ``onednn``, read once per
-    process, overrides the choice.
+    process, overrides the choice. Half inputs compute in float32 and round once (docs/api.md), except bfloat16 on
+    the CPU where :func:`cpu_bf16_products` is true (CPUs with AVX512-BF16): the sampled columns are rounded to
+    bfloat16 and multiplied by torch's bfloat16 GEMM (float32 sums, bias added before the output's rounding), 1.6x
+    the float32 forward there, and the output carries two roundings. ``OPBRIDGE_CPU_BF16_GEMM=0`` (or 1) decides.
     """
     if not torch.jit.is_scripting():
         for name, value in (("input", input), ("offset", offset), ("weight", weight)):
@@ -110,6 +116,24 @@ def deform_conv2d(
     return torch.ops.opbridge.deform_conv2d(
         input, offset, weight, bias, _pair(stride), _pair(padding), _pair(dilation), mask
     )
+
+
+def cpu_bf16_products() -> bool:
+    """Whether this process's CPU op multiplies bfloat16 input in bfloat16: its sampled columns rounded to bfloat16,
+    then torch's bfloat16 GEMM with float32 sums (two roundings: the columns' and the output's; the float32 path
+    rounds once). The choice of cpp/torch/cpu_gemm.h, read the same way: ``OPBRIDGE_CPU_BF16_GEMM=0`` or ``1`` if
+    set (the library reads it once, at its first bfloat16 call), else whether the CPU has AVX512-BF16. The backward
+    computes in float32 either way."""
+    forced = os.environ.get("OPBRIDGE_CPU_BF16_GEMM")
+    if forced in ("0", "1"):
+        return forced == "1"
+    if platform.machine() not in ("x86_64", "AMD64", "i386", "i686"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return " avx512_bf16" in cpuinfo.read()
+    except OSError:
+        return False
 
 
 @torch.library.register_fake("opbridge::deform_conv2d")
