@@ -170,8 +170,16 @@ inline bool linear_bf16(int64_t n, int64_t m, int64_t k, const uint16_t* a, int6
   const auto result = torch::stable::detail::to<Tensor>(stack[0]);
   const auto* values = static_cast<const uint16_t*>(result.data_ptr());
   const auto strides = result.strides();
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < m; ++j) c[i * c_row + j * c_col] = values[i * strides[0] + j * strides[1]];
+  // Stores in c's order (the result, n x m values, stays in cache: a store stride of an output plane per element
+  // made deform_conv2d's 64-channel 128x128 forward 2.3x slower).
+  if (c_row == 1) {
+    for (int64_t j = 0; j < m; ++j) {
+      for (int64_t i = 0; i < n; ++i) c[i + j * c_col] = values[i * strides[0] + j * strides[1]];
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < m; ++j) c[i * c_row + j * c_col] = values[i * strides[0] + j * strides[1]];
+    }
   }
   return true;
 }

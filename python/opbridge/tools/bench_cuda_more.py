@@ -11,9 +11,8 @@
 - ``rotated_rows``: the rotated ops' CUDA kernels against torchvision's CUDA ``roi_align``/``nms``/``box_iou`` on the
   same boxes at angle 0 (equal work for roi_align; the axis-aligned IoU is cheaper than polygon clipping), and
   against the same op on the CPU.
-- ``rotated_torch_rows``: the rotated ops at any angle against the same ops written as vectorized torch on the same
-  GPU (``opbridge.tools.rotated_torch``: Green's theorem over clipped edges, greedy NMS as a fixed point, gathers),
-  with the outputs compared.
+- ``rotated_torch_rows``: the rotated ops at any angle against the CPU benchmark's tensor versions of them, run on
+  the same GPU (Green's theorem over clipped edges, greedy NMS as a fixed point, gathers), outputs compared.
 - ``ort_standard_rows``: opbridge's ORT CUDA nodes for mmcv/mmdeploy's ``grid_sampler``, ``NonMaxSuppression`` and
   ``MMCVRoiAlign`` against ONNX Runtime's own ``GridSample``, ``NonMaxSuppression`` and ``RoiAlign`` on the CUDA
   execution provider, same inputs.
@@ -233,19 +232,24 @@ def _rotated_boxes(count: int, generator, spread: float = 200.0) -> torch.Tensor
 
 
 def rotated_torch_rows(repeat: int, device: str = "cuda") -> list[dict]:
-    """The rotated ops at any angle against the same ops written as vectorized torch on the same device
-    (opbridge.tools.rotated_torch): what a user without a kernel would run."""
-    from . import rotated_torch
+    """The rotated ops at any angle against the CPU benchmark's tensor versions of them on the same device
+    (tools/bench: ``vectorized_iou``, ``fixed_point_nms``, the roi_align_rotated ``vectorized``; those check their
+    outputs against the references in tests/test_bench_baselines.py): what a user without a kernel would run."""
+    from .bench import roi_align_rotated as roi_bench
+    from .bench.box_iou_rotated import vectorized_iou
+    from .bench.nms_rotated import fixed_point_nms
 
     generator = torch.Generator().manual_seed(4)
     rows = []
     features = torch.randn(2, 256, 100, 136, generator=generator).to(device)
-    rois = torch.cat([torch.randint(0, 2, (1000, 1), generator=generator).float(),
-                      _rotated_boxes(1000, generator, 100.0)], 1).to(device)  # fmt: skip
+    boxes = _rotated_boxes(1000, generator, 100.0)
+    boxes[:, :4] /= roi_bench.SCALE  # image coordinates of the 1/8-scale map
+    rois = torch.cat([torch.randint(0, 2, (1000, 1), generator=generator).float(), boxes], 1).to(device)
     leaf = features.clone().requires_grad_()
+    size, scale, ratio = roi_bench.SIZE, roi_bench.SCALE, roi_bench.RATIO
     paths = {
-        "opbridge": lambda x: opbridge.roi_align_rotated(x, rois, (7, 7), 0.5, 2, True, False),
-        "vectorized torch": lambda x: rotated_torch.roi_align_rotated(x, rois, (7, 7), 0.5, 2, True, False),
+        "opbridge": lambda x: opbridge.roi_align_rotated(x, rois, size, scale, ratio, True, False),
+        "vectorized torch": lambda x: roi_bench.vectorized(x, rois),
     }
     expected = paths["vectorized torch"](features)
     difference = float((paths["opbridge"](features) - expected).abs().max())
@@ -261,21 +265,18 @@ def rotated_torch_rows(repeat: int, device: str = "cuda") -> list[dict]:
     for count in (1000, 5000):
         boxes = _rotated_boxes(count, generator).to(device)
         scores = torch.rand(count, generator=generator).to(device)
-        ours, theirs = opbridge.box_iou_rotated(boxes, boxes), rotated_torch.box_iou_rotated(boxes, boxes)
-        difference = float((ours - theirs).abs().max())
+        difference = float((opbridge.box_iou_rotated(boxes, boxes) - vectorized_iou(boxes, boxes)).abs().max())
         for name, op in {
             "opbridge": lambda b=boxes: opbridge.box_iou_rotated(b, b),
-            "vectorized torch": lambda b=boxes: rotated_torch.box_iou_rotated(b, b),
+            "vectorized torch": lambda b=boxes: vectorized_iou(b, b),
         }.items():
             rows.append(dict(op="box_iou_rotated", case=f"{count} x {count} rotated boxes", path=name,
                              forward_ms=_time_ms(op, repeat), max_difference=difference))  # fmt: skip
-        same = (
-            opbridge.nms_rotated(boxes, scores, 0.5)[1].tolist()
-            == rotated_torch.nms_rotated(boxes, scores, 0.5).tolist()
-        )
+        kept = opbridge.nms_rotated(boxes, scores, 0.5)[1]
+        same = kept.tolist() == fixed_point_nms(boxes, scores, 0.5).tolist()
         for name, op in {
             "opbridge": lambda b=boxes, s=scores: opbridge.nms_rotated(b, s, 0.5),
-            "vectorized torch": lambda b=boxes, s=scores: rotated_torch.nms_rotated(b, s, 0.5),
+            "vectorized torch": lambda b=boxes, s=scores: fixed_point_nms(b, s, 0.5),
         }.items():
             rows.append(dict(op="nms_rotated", case=f"{count} rotated boxes", path=name,
                              forward_ms=_time_ms(op, repeat), same_kept=same))  # fmt: skip

@@ -39,13 +39,15 @@ def rois(count: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
 
 
 def vectorized(features: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
-    """mmcv's definition with tensors (aligned, counter-clockwise, a fixed sampling ratio)."""
+    """mmcv's definition with tensors (aligned, counter-clockwise, a fixed sampling ratio), on the inputs' device
+    (the CPU and GPU benchmarks' baseline)."""
     ph, pw = SIZE
     cx, cy = rois[:, 1] * SCALE - 0.5, rois[:, 2] * SCALE - 0.5
     rw, rh, theta = rois[:, 3] * SCALE, rois[:, 4] * SCALE, rois[:, 5]
-    steps = (torch.arange(RATIO) + 0.5) / RATIO
-    yy = -rh[:, None, None] / 2 + (torch.arange(ph)[None, :, None] + steps) * (rh / ph)[:, None, None]  # [K, PH, G]
-    xx = -rw[:, None, None] / 2 + (torch.arange(pw)[None, :, None] + steps) * (rw / pw)[:, None, None]
+    arange = partial(torch.arange, device=rois.device)
+    steps = (arange(RATIO) + 0.5) / RATIO
+    yy = -rh[:, None, None] / 2 + (arange(ph)[None, :, None] + steps) * (rh / ph)[:, None, None]  # [K, PH, G]
+    xx = -rw[:, None, None] / 2 + (arange(pw)[None, :, None] + steps) * (rw / pw)[:, None, None]
     yy, xx = yy[:, :, :, None, None], xx[:, None, None]
     cos, sin = theta.cos()[:, None, None, None, None], theta.sin()[:, None, None, None, None]
     y = yy * cos - xx * sin + cy[:, None, None, None, None]
