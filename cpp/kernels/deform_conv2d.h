@@ -205,6 +205,28 @@ OPBRIDGE_DEFINE_BLEND4(float)
 OPBRIDGE_DEFINE_BLEND4(double)
 #undef OPBRIDGE_DEFINE_BLEND4
 
+// The bfloat16 bits of v rounded to nearest even (BFloat16::from_float's result; NaN a quiet NaN), branch-free so
+// that loops of it vectorize.
+inline uint16_t bf16_bits(float v) {
+  uint32_t x;
+  std::memcpy(&x, &v, sizeof x);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
+}
+
+// blend4 into bfloat16 columns: the float blend4's value, rounded once (deform_conv2d_bf16_products).
+[[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4(BFloat16* __restrict out, const float* __restrict r0,
+                                                           const float* __restrict r1, const float* __restrict r2,
+                                                           const float* __restrict r3, float w0, float w1, float w2,
+                                                           float w3, bool scaled, float scale, int64_t n) {
+  auto* bits = reinterpret_cast<uint16_t*>(out);
+  if (scaled) {
+    for (int64_t c = 0; c < n; ++c) bits[c] = bf16_bits((w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c]) * scale);
+  } else {
+    for (int64_t c = 0; c < n; ++c) bits[c] = bf16_bits(w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c]);
+  }
+}
+
 // Deformable im2col of output pixels [first, first + count) of one image,
 // pixel-major: columns[q * ld + (g * K + k) * C_g + ci] is input channel
 // g * C_g + ci (weight group g, C_g channels per group) sampled at kernel tap k
@@ -214,14 +236,14 @@ OPBRIDGE_DEFINE_BLEND4(double)
 // of a neighbour outside the image (which counts as zero, as in torchvision).
 // The position and weights are computed once per pixel, tap and offset group,
 // and shared by the group's channels.
-template <class T>
+template <class T, class C = T>
 void deformable_im2col_block(const T* input_hwc, const T* zeros, const T* offset, const T* mask,
-                             const DeformConv2dShape& s, int64_t first, int64_t count, T* columns, int64_t ld) {
+                             const DeformConv2dShape& s, int64_t first, int64_t count, C* columns, int64_t ld) {
   const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, channels = s.in_channels;
   const int64_t per_offset_group = channels / s.offset_groups, per_group = channels / s.groups;
   for (int64_t q = 0; q < count; ++q) {
     const int64_t p = first + q, oy = p / s.out_w, ox = p % s.out_w;
-    T* column = columns + q * ld;
+    C* column = columns + q * ld;
     for (int64_t og = 0; og < s.offset_groups; ++og) {
       for (int64_t tap = 0; tap < taps; ++tap) {
         const int64_t i = tap / s.kernel_w, j = tap % s.kernel_w;
@@ -248,7 +270,7 @@ void deformable_im2col_block(const T* input_hwc, const T* zeros, const T* offset
         // This offset group's channels, split where a weight group ends.
         for (int64_t c = og * per_offset_group, end = c + per_offset_group; c < end;) {
           const int64_t g = c / per_group, stop = std::min(end, (g + 1) * per_group);
-          T* out = column + (g * taps + tap) * per_group + (c - g * per_group);
+          C* out = column + (g * taps + tap) * per_group + (c - g * per_group);
           blend4(out, rows[0] + c, rows[1] + c, rows[2] + c, rows[3] + c, w[0], w[1], w[2], w[3], scaled, scale,
                  stop - c);
           c = stop;
@@ -292,13 +314,14 @@ void gemm_reference(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, co
 // instead (a store every C * 4 bytes) took 9 ms of a 50 ms 256-channel 50x84 forward.
 constexpr int64_t kTransposeTile = 32;
 
-// target[p * channels + c] = source[c * plane + p] for pixels p in [first, last).
-template <class T>
-void transpose_to_channels_last(const T* source, T* target, int64_t channels, int64_t plane, int64_t first,
+// target[p * channels + c] = source[c * plane + p] for pixels p in [first, last) (S: the source's storage, read
+// into T).
+template <class T, class S = T>
+void transpose_to_channels_last(const S* source, T* target, int64_t channels, int64_t plane, int64_t first,
                                 int64_t last) {
   for (int64_t c = 0; c < channels; ++c) {
-    const T* row = source + c * plane;
-    for (int64_t p = first; p < last; ++p) target[p * channels + c] = row[p];
+    const S* row = source + c * plane;
+    for (int64_t p = first; p < last; ++p) target[p * channels + c] = static_cast<T>(row[p]);
   }
 }
 
@@ -328,10 +351,10 @@ inline int64_t deform_conv2d_block_pixels(const DeformConv2dShape& s, size_t ele
 // buffer of its own and multiplies every weight group by them:
 // gemm(m, n, k, a, lda, b, ldb, c, ldc) computes c = a * b^T (row-major,
 // leading dimensions given; b is [n, k]) on the calling thread.
-// The layouts the forward samples and multiplies: the input channels-last (input_hwc, [N, H * W, C_in]) and the
-// weight as [C_out, kh * kw, C_in / groups] (weight_k, converted from the weight's storage W to Wk on the way).
-template <class T, class W, class Wk, class ParallelFor>
-void deform_conv2d_layouts(const T* input, const W* weight, const DeformConv2dShape& s, T* input_hwc, Wk* weight_k,
+// The layouts the forward samples and multiplies: the input channels-last (input_hwc, [N, H * W, C_in], read from
+// its storage S into T) and the weight as [C_out, kh * kw, C_in / groups] (weight_k, from its storage W into Wk).
+template <class S, class T, class W, class Wk, class ParallelFor>
+void deform_conv2d_layouts(const S* input, const W* weight, const DeformConv2dShape& s, T* input_hwc, Wk* weight_k,
                            ParallelFor&& parallel_for) {
   const int64_t taps = s.kernel_h * s.kernel_w, plane = s.height * s.width, per_group = s.in_channels / s.groups;
   const int64_t tiles = (plane + kTransposeTile - 1) / kTransposeTile;
@@ -388,27 +411,15 @@ void deform_conv2d(const T* input, const T* weight, const T* offset, const T* ma
   });
 }
 
-// out[i] = bfloat16 bits of in[i], rounded to nearest even (BFloat16::from_float's result, NaN a quiet NaN),
-// branch-free so that it vectorizes; cloned like blend4.
-[[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void round_to_bf16(const float* __restrict in, uint16_t* __restrict out,
-                                                                  int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t x;
-    std::memcpy(&x, in + i, sizeof x);
-    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-    out[i] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
-  }
-}
-
 // The forward with bfloat16 products (deform_conv2d's bfloat16 path on CPUs with bfloat16 dot-product
 // instructions, where a bfloat16 GEMM runs at twice the float32 one's speed): the columns sampled in float32 as
-// deform_conv2d samples them, rounded to bfloat16 (to nearest even), then each weight group's product by
-// linear(n, m, k, a, lda, b, ldb, bias, c, c_row, c_col): c[i * c_row + j * c_col] = a[n, k] . b[m, k]^T + bias[m]
-// in float32 sums, rounded once to bfloat16 (bias null: none). So the output has two roundings, the sampled
-// columns' and its own (the float32 path: one). input, offset and mask are float32 (widened by the caller);
-// weight, bias and out are bfloat16 bits.
+// deform_conv2d samples them and rounded to bfloat16 as they are written (to nearest even), then each weight group's
+// product by linear(n, m, k, a, lda, b, ldb, bias, c, c_row, c_col): c[i * c_row + j * c_col] = a[n, k] . b[m, k]^T +
+// bias[m] in float32 sums, rounded once to bfloat16 (bias null: none). So the output has two roundings, the sampled
+// columns' and its own (the float32 path: one). input, weight, bias and out are bfloat16 (the input read into the
+// float32 channels-last copy); offset and mask float32 (widened by the caller where they came as bfloat16).
 template <class ParallelFor, class Linear>
-void deform_conv2d_bf16_products(const float* input, const BFloat16* weight, const float* offset, const float* mask,
+void deform_conv2d_bf16_products(const BFloat16* input, const BFloat16* weight, const float* offset, const float* mask,
                                  const BFloat16* bias, BFloat16* out, const DeformConv2dShape& s,
                                  ParallelFor&& parallel_for, Linear&& linear) {
   const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, plane = s.height * s.width;
@@ -420,18 +431,16 @@ void deform_conv2d_bf16_products(const float* input, const BFloat16* weight, con
   auto* const weight_k = reinterpret_cast<BFloat16*>(input_hwc + input_count);
   deform_conv2d_layouts(input, weight, s, input_hwc, weight_k, parallel_for);
   const std::vector<float> zeros(static_cast<size_t>(s.in_channels), 0.0f);
-  const int64_t block = deform_conv2d_block_pixels(s, sizeof(float));
+  const int64_t block = deform_conv2d_block_pixels(s, sizeof(BFloat16));
   const int64_t blocks = (pixels + block - 1) / block, ld = s.in_channels * taps;
   parallel_for(s.batch * blocks, [&](int64_t task) {
     const int64_t image = task / blocks, first = task % blocks * block;
     const int64_t count = std::min(block, pixels - first);
-    const ThreadScratch columns((sizeof(float) + sizeof(BFloat16)) * static_cast<size_t>(count * ld));
-    float* const sampled = columns.get<float>();
-    auto* const rounded = reinterpret_cast<BFloat16*>(sampled + count * ld);
+    const ThreadScratch columns(sizeof(BFloat16) * static_cast<size_t>(count * ld));  // im2col writes all of it
+    auto* const rounded = columns.get<BFloat16>();
     deformable_im2col_block(
         input_hwc + image * plane * s.in_channels, zeros.data(), offset + image * 2 * s.offset_groups * taps * pixels,
-        mask != nullptr ? mask + image * s.offset_groups * taps * pixels : nullptr, s, first, count, sampled, ld);
-    round_to_bf16(sampled, reinterpret_cast<uint16_t*>(rounded), count * ld);
+        mask != nullptr ? mask + image * s.offset_groups * taps * pixels : nullptr, s, first, count, rounded, ld);
     BFloat16* image_out = out + image * s.out_channels * pixels + first;
     for (int64_t group = 0; group < s.groups; ++group) {
       linear(count, out_per_group, depth, rounded + group * depth, ld, weight_k + group * out_per_group * depth, depth,

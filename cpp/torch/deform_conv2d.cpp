@@ -32,15 +32,16 @@ using deform_conv2d_op::checked_shape;
 
 const auto parallel_for = [](int64_t tasks, const auto& task) { api::parallel_for(tasks, task); };
 
-// bfloat16 input on a CPU with bfloat16 GEMMs (api::use_bf16_products): the sampling in float32 (input, offset and
-// mask widened), the products in bfloat16 with float32 sums, the bias added before the output's one rounding.
+// bfloat16 input on a CPU with bfloat16 GEMMs (api::use_bf16_products): the sampling in float32 (the input read
+// into a float32 channels-last copy, offset and mask widened), the products in bfloat16 with float32 sums, the bias
+// added before the output's one rounding.
 Tensor deform_conv2d_bf16_products(const Tensor& input, const Tensor& offset, const Tensor& weight,
                                    const std::optional<Tensor>& bias, const std::optional<Tensor>& mask,
                                    const kernels::DeformConv2dShape& shape) {
   using kernels::BFloat16;
   auto out = api::empty({shape.batch, shape.out_channels, shape.out_h, shape.out_w}, api::ScalarType::BFloat16);
   if (out.numel() == 0) return out;
-  const auto x = api::contiguous(api::widened(input)), o = api::contiguous(api::widened(offset));
+  const auto x = api::contiguous(input), o = api::contiguous(api::widened(offset));
   const auto w = api::contiguous(weight);
   const auto m = mask ? std::optional<Tensor>(api::contiguous(api::widened(*mask))) : std::nullopt;
   const auto b = bias ? std::optional<Tensor>(api::contiguous(*bias)) : std::nullopt;
@@ -53,8 +54,9 @@ Tensor deform_conv2d_bf16_products(const Tensor& input, const Tensor& offset, co
       failed = true;
     }
   };
-  kernels::deform_conv2d_bf16_products(api::data<float>(x), static_cast<const BFloat16*>(w.const_data_ptr()),
-                                       api::data<float>(o), m ? api::data<float>(*m) : nullptr,
+  kernels::deform_conv2d_bf16_products(static_cast<const BFloat16*>(x.const_data_ptr()),
+                                       static_cast<const BFloat16*>(w.const_data_ptr()), api::data<float>(o),
+                                       m ? api::data<float>(*m) : nullptr,
                                        b ? static_cast<const BFloat16*>(b->const_data_ptr()) : nullptr,
                                        static_cast<BFloat16*>(out.mutable_data_ptr()), shape, parallel_for, linear);
   OPBRIDGE_CHECK(!failed,
