@@ -98,8 +98,9 @@ def deform_conv2d(
     elsewhere and for float64. The environment variable ``OPBRIDGE_CPU_GEMM=blas`` or ``onednn``, read once per
     process, overrides the choice. Half inputs compute in float32 and round once (docs/api.md), except bfloat16 on
     the CPU where :func:`cpu_bf16_products` is true (CPUs with AVX512-BF16): the sampled columns are rounded to
-    bfloat16 and multiplied by torch's bfloat16 GEMM (float32 sums, bias added before the output's rounding), 1.6x
-    the float32 forward there, and the output carries two roundings. ``OPBRIDGE_CPU_BF16_GEMM=0`` (or 1) decides.
+    bfloat16 and multiplied by torch's bfloat16 GEMM (float32 sums, bias added before the output's rounding),
+    1.4-1.6x the float32 forward there on 128-256 channels, and the output carries two roundings.
+    ``OPBRIDGE_CPU_BF16_GEMM=0`` (or 1) decides.
     """
     if not torch.jit.is_scripting():
         for name, value in (("input", input), ("offset", offset), ("weight", weight)):
