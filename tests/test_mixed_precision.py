@@ -214,11 +214,12 @@ def test_deform_conv2d_bfloat16_products_on_the_cpu_round_the_columns_once_more(
     ("queries", "levels", "channels"),
     [
         (7, [(40, 50), (20, 25)], 32),  # a decoder: few queries on large maps (query-major, value read as stored)
-        (2500, [(40, 50), (20, 25)], 32),  # an encoder: every pixel queries (head-major, value widened in its copy)
+        (2500, [(40, 50), (20, 25)], 32),  # an encoder: every pixel queries (head-major, value bfloat16 in its copy)
+        (2500, [(40, 50), (20, 25)], 64),  # two whole 32-channel chunks (one AVX-512 register of words each)
         (3000, [(40, 50), (20, 25)], 33),  # channels past whole 16-channel chunks
         (9, [(30, 30)], 8),  # channels below one chunk
     ],
-    ids=["decoder", "encoder", "channels-33", "channels-8"],
+    ids=["decoder", "encoder", "channels-64", "channels-33", "channels-8"],
 )
 @pytest.mark.parametrize("precise", ["float32", "bfloat16"])
 def test_ms_deform_attn_bfloat16_value_gives_the_float32_bits_on_the_widened_values(queries, levels, channels, precise):

@@ -205,15 +205,6 @@ OPBRIDGE_DEFINE_BLEND4(float)
 OPBRIDGE_DEFINE_BLEND4(double)
 #undef OPBRIDGE_DEFINE_BLEND4
 
-// The bfloat16 bits of v rounded to nearest even (BFloat16::from_float's result; NaN a quiet NaN), branch-free so
-// that loops of it vectorize.
-inline uint16_t bf16_bits(float v) {
-  uint32_t x;
-  std::memcpy(&x, &v, sizeof x);
-  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
-}
-
 // blend4 into bfloat16 columns: the float blend4's value, rounded once (deform_conv2d_bf16_products).
 [[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4(BFloat16* __restrict out, const float* __restrict r0,
                                                            const float* __restrict r1, const float* __restrict r2,

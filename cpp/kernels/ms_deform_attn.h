@@ -356,17 +356,28 @@ constexpr int kPairChunk = 16;
 #if defined(__BYTE_ORDER__)
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "a word's low half is its first bfloat16 (even channel)");
 #endif
-using PairFloats = VectorOf<float, kPairChunk / 2>::type;
-using PairWords = VectorOf<uint32_t, kPairChunk / 2>::type;
-[[gnu::always_inline]] inline PairFloats even_channels(const PairWords& words) {
-  const PairWords bits = words << 16;
-  PairFloats out;
+// The chunk for D channels (0: known at run time): a whole register of words where D is a multiple of it (32
+// channels with AVX-512), else kPairChunk.
+template <int D>
+constexpr int pair_chunk() {
+  constexpr int wide = kVectorBytes / 2;
+  return wide > kPairChunk && D > 0 && D % wide == 0 ? wide : kPairChunk;
+}
+template <int W>
+using PairFloats = typename VectorOf<float, W / 2>::type;
+template <int W>
+using PairWords = typename VectorOf<uint32_t, W / 2>::type;
+template <class Words, class Floats = typename VectorOf<float, sizeof(Words) / 4>::type>
+[[gnu::always_inline]] inline Floats even_channels(const Words& words) {
+  const Words bits = words << 16;
+  Floats out;
   __builtin_memcpy(&out, &bits, sizeof out);
   return out;
 }
-[[gnu::always_inline]] inline PairFloats odd_channels(const PairWords& words) {
-  const PairWords bits = words & 0xffff0000u;
-  PairFloats out;
+template <class Words, class Floats = typename VectorOf<float, sizeof(Words) / 4>::type>
+[[gnu::always_inline]] inline Floats odd_channels(const Words& words) {
+  const Words bits = words & 0xffff0000u;
+  Floats out;
   __builtin_memcpy(&out, &bits, sizeof out);
   return out;
 }
@@ -381,13 +392,14 @@ template <class T, class S>
     return out;
   }
 }
-// acc's whole kPairChunk chunks from [even channels, odd channels] back to channel order.
+// acc's whole W-channel chunks from [even channels, odd channels] back to channel order.
+template <int W>
 [[gnu::always_inline]] inline void interleave_pairs(float* acc, int64_t d) {
-  constexpr int kHalf = kPairChunk / 2;
-  for (int64_t k = 0; k + kPairChunk <= d; k += kPairChunk) {
-    float pairs[kPairChunk];
+  constexpr int kHalf = W / 2;
+  for (int64_t k = 0; k + W <= d; k += W) {
+    float pairs[W];
     for (int j = 0; j < kHalf; ++j) pairs[2 * j] = acc[k + j], pairs[2 * j + 1] = acc[k + kHalf + j];
-    for (int j = 0; j < kPairChunk; ++j) acc[k + j] = pairs[j];
+    for (int j = 0; j < W; ++j) acc[k + j] = pairs[j];
   }
 }
 
@@ -536,16 +548,17 @@ template <class T, int D, bool kAdd, class S>
     }
   } else {
     static_assert(std::is_same_v<S, BFloat16> && std::is_same_v<T, float>, "half storage: bfloat16 into float");
-    constexpr int kHalf = kPairChunk / 2;
-    for (; k + kPairChunk <= n; k += kPairChunk) {
-      const PairWords v0 = load<PairWords>(r0 + k), v1 = load<PairWords>(r1 + k);
-      const PairWords v2 = load<PairWords>(r2 + k), v3 = load<PairWords>(r3 + k);
-      const PairFloats even =
+    constexpr int kW = pair_chunk<D>(), kHalf = kW / 2;
+    using Words = PairWords<kW>;
+    using Floats = PairFloats<kW>;
+    for (; k + kW <= n; k += kW) {
+      const Words v0 = load<Words>(r0 + k), v1 = load<Words>(r1 + k);
+      const Words v2 = load<Words>(r2 + k), v3 = load<Words>(r3 + k);
+      const Floats even =
           w0 * even_channels(v0) + w1 * even_channels(v1) + w2 * even_channels(v2) + w3 * even_channels(v3);
-      const PairFloats odd =
-          w0 * odd_channels(v0) + w1 * odd_channels(v1) + w2 * odd_channels(v2) + w3 * odd_channels(v3);
-      store(out + k, kAdd ? load<PairFloats>(out + k) + even : even);
-      store(out + k + kHalf, kAdd ? load<PairFloats>(out + k + kHalf) + odd : odd);
+      const Floats odd = w0 * odd_channels(v0) + w1 * odd_channels(v1) + w2 * odd_channels(v2) + w3 * odd_channels(v3);
+      store(out + k, kAdd ? load<Floats>(out + k) + even : even);
+      store(out + k + kHalf, kAdd ? load<Floats>(out + k + kHalf) + odd : odd);
     }
   }
   for (; k < n; ++k) {
@@ -614,7 +627,7 @@ template <class T, class I, int D, bool kHeadMajor, class S>
     if (lp == 0) {
       for (int64_t k = 0; k < d; ++k) acc[k] = T(0);
     }
-    if constexpr (!std::is_same_v<S, T>) msda_detail::interleave_pairs(acc, d);
+    if constexpr (!std::is_same_v<S, T>) msda_detail::interleave_pairs<msda_detail::pair_chunk<D>()>(acc, d);
     if (D > 0 && stream) {
       using C = typename msda_detail::VectorOf<T, msda_detail::kChunk<T>>::type;
       for (int64_t k = 0; k < d; k += msda_detail::kChunk<T>) {
@@ -786,16 +799,13 @@ namespace OPBRIDGE_ISA_NAMESPACE {
       return body<T, I, 0>(__VA_ARGS__);                     \
   }
 
-// The forward's storage S is deduced from value_n. Half storage runs query-major only (the head-major orders read
-// their float copy of value: the S == T task).
-#define OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I, S)                                                                 \
-  OPBRIDGE_MSDA_LINKAGE void ms_deform_attn_forward_task(OPBRIDGE_MSDA_FORWARD_PARAMS(T, I, S)) {                  \
-    if constexpr (std::is_same_v<S, T>) {                                                                          \
-      if (head >= 0) {                                                                                             \
-        OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_head_major, T, I, OPBRIDGE_MSDA_FORWARD_ARGS) \
-      }                                                                                                            \
-    }                                                                                                              \
-    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_query_major, T, I, OPBRIDGE_MSDA_FORWARD_ARGS)    \
+// The forward's storage S is deduced from value_n (the head-major orders' copy of value keeps it).
+#define OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I, S)                                                               \
+  OPBRIDGE_MSDA_LINKAGE void ms_deform_attn_forward_task(OPBRIDGE_MSDA_FORWARD_PARAMS(T, I, S)) {                \
+    if (head >= 0) {                                                                                             \
+      OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_head_major, T, I, OPBRIDGE_MSDA_FORWARD_ARGS) \
+    }                                                                                                            \
+    OPBRIDGE_MSDA_BY_CHANNELS(s.channels, ms_deform_attn_forward_query_major, T, I, OPBRIDGE_MSDA_FORWARD_ARGS)  \
   }
 #define OPBRIDGE_DEFINE_MSDA_TASKS(T, I)                                                                   \
   OPBRIDGE_DEFINE_MSDA_FORWARD_TASK(T, I, T)                                                               \
@@ -876,20 +886,20 @@ inline bool ms_deform_attn_head_major(const MSDeformAttnShape& s) {
 }
 
 // value [S, M, D] of one image -> value_t [M, S + 1, D] for keys [first, last) (row S of each head zeros: written
-// by the task that copies the last key), from value's storage S to T (bfloat16 widened exactly on the way).
-template <class S, class T>
-void ms_deform_attn_transpose_value(const S* value_n, T* value_t, const MSDeformAttnShape& s, int64_t first,
+// by the task that copies the last key), in value's storage S (bfloat16 stays bfloat16: half the bytes to gather).
+template <class S, class V>
+void ms_deform_attn_transpose_value(const S* value_n, V* value_t, const MSDeformAttnShape& s, int64_t first,
                                     int64_t last) {
   const int64_t d = s.channels, m_count = s.heads;
   for (int64_t key = first; key < last; ++key) {
     for (int64_t m = 0; m < m_count; ++m) {  // a loop the compiler vectorizes: no call per row
-      T* __restrict to = value_t + (m * (s.keys + 1) + key) * d;
+      V* __restrict to = value_t + (m * (s.keys + 1) + key) * d;
       const S* __restrict from = value_n + (key * m_count + m) * d;
-      for (int64_t k = 0; k < d; ++k) to[k] = msda_detail::value_at<T>(from + k);
+      for (int64_t k = 0; k < d; ++k) to[k] = msda_detail::value_at<V>(from + k);
     }
   }
   if (last == s.keys) {
-    for (int64_t m = 0; m < m_count; ++m) std::fill_n(value_t + (m * (s.keys + 1) + s.keys) * d, d, T(0));
+    for (int64_t m = 0; m < m_count; ++m) std::fill_n(value_t + (m * (s.keys + 1) + s.keys) * d, d, V{});
   }
 }
 
@@ -918,6 +928,25 @@ inline bool ms_deform_attn_head_passes(const MSDeformAttnShape& s, size_t value_
   return static_cast<size_t>(s.heads * (s.keys + 1) * s.channels) * value_bytes >= (size_t(12) << 20);
 }
 
+// Whether the head-major orders keep a half value (S) as stored in their copy, rather than widened to T: with
+// AVX-512 (a register of words: 32 bfloat16 channels a load, the float rows' arithmetic and half their bytes), and
+// elsewhere where the float copy would be large (8 MiB: bound by memory, where half the bytes win; a copy in cache
+// reads 16 channels a load and is bound by the shift and mask). 2026-11-28, AMD EPYC Zen 5 at 1 thread, bfloat16
+// against float32: AVX-512 1.45x (800x1333 encoder) and 1.04x (512x512) with the bfloat16 copy, against 0.94x and
+// 0.98x widened; AVX2 (OPBRIDGE_CPU_ISA=avx2) 1.07x and 0.89x with it, 0.94x and 0.97x widened.
+enum class MSDeformAttnCopy { automatic, half, widened };
+template <class T, class S>
+inline bool ms_deform_attn_copy_half(const MSDeformAttnShape& s, MSDeformAttnCopy copy) {
+  if (std::is_same_v<S, T> || copy != MSDeformAttnCopy::automatic)
+    return std::is_same_v<S, T> || copy == MSDeformAttnCopy::half;
+#if defined(OPBRIDGE_ISA_DISPATCH)
+  const bool wide = cpu_isa() == CpuIsa::avx512f;
+#else
+  const bool wide = msda_detail::kVectorBytes == 64;
+#endif
+  return wide || static_cast<size_t>(s.heads * (s.keys + 1) * s.channels) * sizeof(T) >= (size_t(8) << 20);
+}
+
 // out [N, Lq, M * D]. spatial_shapes and level_start_index as checked by check_ms_deform_attn.
 // parallel_for(tasks, task) runs task(0..tasks-1), in any order and on any threads. The orders (automatic: by
 // ms_deform_attn_head_major and ms_deform_attn_head_passes; the tests run each), which all give the same bits:
@@ -930,24 +959,29 @@ inline bool ms_deform_attn_head_passes(const MSDeformAttnShape& s, size_t value_
 #define OPBRIDGE_MSDA_BLOCK_BYTES (256 << 10)
 #endif
 // value's storage S is T, or bfloat16 with T float: the same bits as value widened to float first, without the
-// widened copy. The head-major orders widen it in their head-major copy (their gathers are bound by arithmetic, not
-// memory: reading bfloat16 rows there took 1.2x the float rows' time, docs/architecture.md); the query-major order
-// (a decoder's few queries on a large map, bound by memory) reads it as stored, half the bytes of float rows.
+// widened copy. Every order reads bfloat16 rows as stored (the head-major copies keep them bfloat16), 32 channels a
+// 64-byte load with AVX-512: half the bytes of float rows to gather and to keep in cache (800x1333 encoder, 1 thread:
+// 1.45x the float32 forward; docs/architecture.md). out is T, or bfloat16 (float T): the float sums rounded once as
+// they are written (a block's sums in cache, then rounded; no float32 output to write and convert).
 enum class MSDeformAttnOrder { automatic, query_major, head_major, head_passes };
-template <class T, class S, class ParallelFor>
+template <class T, class S, class O, class ParallelFor>
 void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
-                    const T* sampling_locations, const T* attention_weights, T* out, const MSDeformAttnShape& s,
-                    ParallelFor&& parallel_for, MSDeformAttnOrder order = MSDeformAttnOrder::automatic) {
+                    const T* sampling_locations, const T* attention_weights, O* out, const MSDeformAttnShape& s,
+                    ParallelFor&& parallel_for, MSDeformAttnOrder order = MSDeformAttnOrder::automatic,
+                    MSDeformAttnCopy copy = MSDeformAttnCopy::automatic) {
+  static_assert(std::is_same_v<O, T> || (std::is_same_v<O, BFloat16> && std::is_same_v<T, float>),
+                "out: T, or bfloat16 (float T) rounded once as it is written");
   const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
   const AlignedArray<S> zeros(static_cast<size_t>(d));
   std::fill_n(zeros.get(), d, S{});
-  const AlignedArray<T> zeros_t(static_cast<size_t>(d));  // the head-major orders' (their value is T)
+  const AlignedArray<T> zeros_t(static_cast<size_t>(d));  // the zeros of a copy widened to T
   std::fill_n(zeros_t.get(), d, T(0));
   const int64_t kBlockBytes = OPBRIDGE_MSDA_BLOCK_BYTES;
+  const bool copy_half = ms_deform_attn_copy_half<T, S>(s, copy);
   if (order == MSDeformAttnOrder::automatic) {
-    order = !ms_deform_attn_head_major(s)              ? MSDeformAttnOrder::query_major
-            : ms_deform_attn_head_passes(s, sizeof(T)) ? MSDeformAttnOrder::head_passes
-                                                       : MSDeformAttnOrder::head_major;
+    order = !ms_deform_attn_head_major(s)                                      ? MSDeformAttnOrder::query_major
+            : ms_deform_attn_head_passes(s, copy_half ? sizeof(S) : sizeof(T)) ? MSDeformAttnOrder::head_passes
+                                                                               : MSDeformAttnOrder::head_major;
   }
   auto run = [&](auto index) {
     using I = decltype(index);
@@ -962,66 +996,119 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
         const int64_t n = task / blocks, first = task % blocks * block, last = std::min(s.queries, first + block);
         const int64_t rows = n * s.queries * m_count;
         auto taps = taps_pair();
+        // bfloat16 out: the block's float sums (at most 2^15), then rounded.
+        const AlignedArray<T> sums(std::is_same_v<O, T> ? 0 : static_cast<size_t>((last - first) * m_count * d));
+        T* const out_n = [&] {
+          if constexpr (std::is_same_v<O, T>) {
+            return out + rows * d;
+          } else {
+            return sums.get() - first * m_count * d;
+          }
+        }();
         ms_deform_attn_forward_task(value + n * s.keys * m_count * d, sampling_locations + rows * lp * 2,
-                                    attention_weights + rows * lp, out + rows * d, s, int64_t(-1), first * m_count,
+                                    attention_weights + rows * lp, out_n, s, int64_t(-1), first * m_count,
                                     last * m_count, taps.data(), zeros.get(), false);
+        if constexpr (!std::is_same_v<O, T>) {
+          round_to_bf16(out + (rows + first * m_count) * d, sums.get(), (last - first) * m_count * d);
+        }
       });
       return;
     }
-    const bool passes = order == MSDeformAttnOrder::head_passes;
-    const int64_t copy_block = 256, copies = std::max<int64_t>(
-                                        1, (s.keys + copy_block - 1) / copy_block);  // 1: the zero rows of an empty map
-    // head_major: queries per task (their inputs a few hundred KiB); head_passes: per task of one head.
-    const int64_t block =
-        passes ? 1024 : std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(1, sizeof(T) * m_count * lp * 3), 1, 1024);
-    const int64_t blocks = (s.queries + block - 1) / block;
-    const int64_t value_count = m_count * (s.keys + 1) * d, inputs_count = passes ? m_count * s.queries * lp * 3 : 0;
-    const ThreadScratch scratch(sizeof(T) * static_cast<size_t>(value_count + inputs_count));
-    T* value_t = scratch.get<T>();
-    T* loc_all = value_t + value_count;  // head_passes: [M, Lq, L * P * 2], then attention_weights [M, Lq, L * P]
-    T* attn_all = loc_all + m_count * s.queries * lp * 2;
-    for (int64_t n = 0; n < s.batch; ++n) {
-      const int64_t rows = n * s.queries * m_count;
-      const T* loc_n = sampling_locations + rows * lp * 2;
-      const T* attn_n = attention_weights + rows * lp;
-      // The copies of value (and head_passes: of the inputs, one block of queries a task).
-      parallel_for(copies + (passes ? blocks : 0), [&](int64_t task) {
-        if (task < copies) {
-          return ms_deform_attn_transpose_value(value + n * s.keys * m_count * d, value_t, s, task * copy_block,
-                                                std::min(s.keys, (task + 1) * copy_block));
+    // The head-major orders' copy of value, in V: value's storage S, or T (bfloat16 widened on the way).
+    const auto head_major = [&](auto copy) {
+      using V = decltype(copy);
+      const V* zeros_v = [&] {
+        if constexpr (std::is_same_v<V, S>) {
+          return zeros.get();
+        } else {
+          return zeros_t.get();
         }
-        const int64_t first = (task - copies) * block;
-        ms_deform_attn_transpose_queries(loc_n, attn_n, loc_all, attn_all, s, first, std::min(s.queries, first + block),
-                                         s.queries, int64_t(0));
-      });
-      if (passes) {
-        parallel_for(m_count * blocks, [&](int64_t task) {
-          const int64_t m = task / blocks, first = task % blocks * block, last = std::min(s.queries, first + block);
-          auto taps = taps_pair();
-          ms_deform_attn_forward_task(value_t + m * (s.keys + 1) * d, loc_all + m * s.queries * lp * 2,
-                                      attn_all + m * s.queries * lp, out + rows * d, s, m, first, last, taps.data(),
-                                      zeros_t.get(), true);
+      }();
+      const bool passes = order == MSDeformAttnOrder::head_passes;
+      const int64_t copy_block = 256,
+                    copies = std::max<int64_t>(
+                        1, (s.keys + copy_block - 1) / copy_block);  // 1: the zero rows of an empty map
+      // head_major: queries per task (their inputs a few hundred KiB); head_passes: per task of one head.
+      const int64_t block =
+          passes ? 1024
+                 : std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(1, sizeof(T) * m_count * lp * 3), 1, 1024);
+      const int64_t blocks = (s.queries + block - 1) / block;
+      const int64_t value_count = m_count * (s.keys + 1) * d, inputs_count = passes ? m_count * s.queries * lp * 3 : 0;
+      const size_t value_bytes = (sizeof(V) * static_cast<size_t>(value_count) + 63) / 64 * 64;
+      // head_passes with bfloat16 out: the image's float sums [Lq, M, D], rounded after the passes.
+      const int64_t sums_count = passes && !std::is_same_v<O, T> ? s.queries * m_count * d : 0;
+      const ThreadScratch scratch(value_bytes + sizeof(T) * static_cast<size_t>(inputs_count + sums_count));
+      V* value_t = scratch.get<V>();
+      // head_passes: sampling_locations [M, Lq, L * P * 2], then attention_weights [M, Lq, L * P].
+      T* loc_all = reinterpret_cast<T*>(scratch.get<unsigned char>() + value_bytes);
+      T* attn_all = loc_all + m_count * s.queries * lp * 2;
+      T* sums_all = attn_all + m_count * s.queries * lp;
+      for (int64_t n = 0; n < s.batch; ++n) {
+        const int64_t rows = n * s.queries * m_count;
+        const T* loc_n = sampling_locations + rows * lp * 2;
+        const T* attn_n = attention_weights + rows * lp;
+        // The copies of value (and head_passes: of the inputs, one block of queries a task).
+        parallel_for(copies + (passes ? blocks : 0), [&](int64_t task) {
+          if (task < copies) {
+            return ms_deform_attn_transpose_value(value + n * s.keys * m_count * d, value_t, s, task * copy_block,
+                                                  std::min(s.keys, (task + 1) * copy_block));
+          }
+          const int64_t first = (task - copies) * block;
+          ms_deform_attn_transpose_queries(loc_n, attn_n, loc_all, attn_all, s, first,
+                                           std::min(s.queries, first + block), s.queries, int64_t(0));
         });
-        continue;
-      }
-      parallel_for(blocks, [&](int64_t task) {
-        const int64_t first = task * block, last = std::min(s.queries, first + block), count = last - first;
-        // The block's inputs, head-major, and its output, which stays in cache until it is copied out whole: head
-        // by head, out's rows lie M rows apart, and every row's first store would wait for its line from memory.
-        const AlignedArray<T> work(static_cast<size_t>(m_count * count * (lp * 3 + d)));
-        T* loc_t = work.get();
-        T* attn_t = loc_t + m_count * count * lp * 2;
-        T* out_t = attn_t + m_count * count * lp;
-        ms_deform_attn_transpose_queries(loc_n, attn_n, loc_t, attn_t, s, first, last, count, first);
-        auto taps = taps_pair();
-        for (int64_t m = 0; m < m_count; ++m) {
-          ms_deform_attn_forward_task(value_t + m * (s.keys + 1) * d, loc_t + (m * count - first) * lp * 2,
-                                      attn_t + (m * count - first) * lp, out_t - first * m_count * d, s, m, first, last,
-                                      taps.data(), zeros_t.get(), false);
+        if (passes) {
+          T* const out_n = [&] {
+            if constexpr (std::is_same_v<O, T>) {
+              return out + rows * d;
+            } else {
+              return sums_all;
+            }
+          }();
+          parallel_for(m_count * blocks, [&](int64_t task) {
+            const int64_t m = task / blocks, first = task % blocks * block, last = std::min(s.queries, first + block);
+            auto taps = taps_pair();
+            ms_deform_attn_forward_task(value_t + m * (s.keys + 1) * d, loc_all + m * s.queries * lp * 2,
+                                        attn_all + m * s.queries * lp, out_n, s, m, first, last, taps.data(), zeros_v,
+                                        true);
+          });
+          if constexpr (!std::is_same_v<O, T>) {
+            const int64_t per_block = block * m_count * d, total = s.queries * m_count * d;
+            parallel_for(blocks, [&](int64_t task) {
+              const int64_t first = task * per_block;
+              round_to_bf16(out + rows * d + first, sums_all + first, std::min(total, first + per_block) - first);
+            });
+          }
+          continue;
         }
-        msda_detail::copy_streaming(out + (rows + first * m_count) * d, out_t,
-                                    static_cast<int64_t>(sizeof(T)) * count * m_count * d);
-      });
+        parallel_for(blocks, [&](int64_t task) {
+          const int64_t first = task * block, last = std::min(s.queries, first + block), count = last - first;
+          // The block's inputs, head-major, and its output, which stays in cache until it is copied out whole: head
+          // by head, out's rows lie M rows apart, and every row's first store would wait for its line from memory.
+          const AlignedArray<T> work(static_cast<size_t>(m_count * count * (lp * 3 + d)));
+          T* loc_t = work.get();
+          T* attn_t = loc_t + m_count * count * lp * 2;
+          T* out_t = attn_t + m_count * count * lp;
+          ms_deform_attn_transpose_queries(loc_n, attn_n, loc_t, attn_t, s, first, last, count, first);
+          auto taps = taps_pair();
+          for (int64_t m = 0; m < m_count; ++m) {
+            ms_deform_attn_forward_task(value_t + m * (s.keys + 1) * d, loc_t + (m * count - first) * lp * 2,
+                                        attn_t + (m * count - first) * lp, out_t - first * m_count * d, s, m, first,
+                                        last, taps.data(), zeros_v, false);
+          }
+          if constexpr (std::is_same_v<O, T>) {
+            msda_detail::copy_streaming(out + (rows + first * m_count) * d, out_t,
+                                        static_cast<int64_t>(sizeof(T)) * count * m_count * d);
+          } else {
+            round_to_bf16(out + (rows + first * m_count) * d, out_t, count * m_count * d);
+          }
+        });
+      }
+    };
+    if (copy_half) {
+      head_major(S{});
+    } else {
+      head_major(T{});
     }
   };
   if (ms_deform_attn_offsets_fit_int32(s)) {

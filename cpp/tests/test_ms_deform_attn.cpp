@@ -100,7 +100,7 @@ void test_orders_agree() {
   std::normal_distribution<float> normal(0.f, 1.f);
   std::uniform_real_distribution<float> uniform(-0.3f, 1.3f);
   const std::vector<int64_t> spatial{9, 11, 5, 6, 3, 3, 1, 2}, start{0, 99, 129, 138};
-  bool same = true, automatic_is_head_major = true, bf16_same = true;
+  bool same = true, automatic_is_head_major = true, bf16_same = true, bf16_out_same = true;
   for (int64_t channels : {32, 16, 64, 7, 33}) {
     for (auto [levels, points] : {std::pair<int64_t, int64_t>{4, 4}, {3, 4}, {4, 5}, {1, 1}}) {
       const MSDeformAttnShape s{
@@ -146,14 +146,25 @@ void test_orders_agree() {
                      ThreadedFor{}, MSDeformAttnOrder::query_major);
       for (auto order : {MSDeformAttnOrder::query_major, MSDeformAttnOrder::head_major, MSDeformAttnOrder::head_passes,
                          MSDeformAttnOrder::automatic}) {
-        std::fill(got.begin(), got.end(), -1.f);
-        ms_deform_attn(value_bf16.data(), spatial.data(), start.data(), loc.data(), attn.data(), got.data(), s,
-                       ThreadedFor{}, order);
-        bf16_same = bf16_same && std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) == 0;
+        // The head-major copy bfloat16 as stored, widened to float, or as this CPU chooses.
+        for (auto copy : {MSDeformAttnCopy::half, MSDeformAttnCopy::widened, MSDeformAttnCopy::automatic}) {
+          std::fill(got.begin(), got.end(), -1.f);
+          ms_deform_attn(value_bf16.data(), spatial.data(), start.data(), loc.data(), attn.data(), got.data(), s,
+                         ThreadedFor{}, order, copy);
+          bf16_same = bf16_same && std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) == 0;
+          // bfloat16 out: those sums, rounded once as they are written.
+          std::vector<BFloat16> rounded(want.size());
+          ms_deform_attn(value_bf16.data(), spatial.data(), start.data(), loc.data(), attn.data(), rounded.data(), s,
+                         ThreadedFor{}, order, copy);
+          for (size_t i = 0; i < want.size(); ++i) {
+            bf16_out_same = bf16_out_same && rounded[i].bits == BFloat16(want[i]).bits;
+          }
+        }
       }
     }
   }
-  expect(bf16_same, "bfloat16 value gives the float forward's bits on the widened values, in every order");
+  expect(bf16_same, "bfloat16 value gives the float forward's bits on the widened values, in every order and copy");
+  expect(bf16_out_same, "bfloat16 out is the float forward's sums rounded once, in every order and copy");
   expect(same, "the head-major forward, block by block and head by head, and the query-major one give the same bits");
   expect(automatic_is_head_major, "the forward runs head-major where queries * L * P >= 4 * S");
   {  // maps of no pixel: every sample reads the row of zeros (written even though no key is copied), never garbage

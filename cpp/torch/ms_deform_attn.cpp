@@ -37,13 +37,13 @@ Tensor ms_deform_attn_cpu(const Tensor& value, const Tensor& spatial_shapes, con
   if (value.scalar_type() == api::ScalarType::BFloat16) {
     // bfloat16 value read as it is stored, into float32 arithmetic (the same bits as value widened first, without
     // the widened copy, and half the bytes gathered); locations and weights in float32; one rounding at the end.
-    auto out = api::empty({s.batch, s.queries, s.heads * s.channels}, api::ScalarType::Float);
-    if (out.numel() == 0) return api::to(out, value.scalar_type());
+    auto out = api::empty({s.batch, s.queries, s.heads * s.channels}, value.scalar_type());
+    if (out.numel() == 0) return out;
     const auto locations = api::widened(in.sampling_locations), weights = api::widened(in.attention_weights);
     kernels::ms_deform_attn(api::data<kernels::bfloat16>(in.value), api::data<int64_t>(in.spatial_shapes),
                             api::data<int64_t>(in.level_start_index), api::data<float>(locations),
-                            api::data<float>(weights), api::data<float>(out), s, parallel_for);
-    return api::to(out, value.scalar_type());
+                            api::data<float>(weights), api::data<kernels::bfloat16>(out), s, parallel_for);
+    return out;
   }
   if (api::is_half(value.scalar_type())) {  // float16: widened to float32, one rounding at the end
     return api::to(ms_deform_attn_cpu(api::widened(value), spatial_shapes, level_start_index,
