@@ -221,16 +221,20 @@ def test_deform_conv2d_bfloat16_products_on_the_cpu_round_the_columns_once_more(
     ],
     ids=["decoder", "encoder", "channels-64", "channels-33", "channels-8"],
 )
-@pytest.mark.parametrize("precise", ["float32", "bfloat16"])
-def test_ms_deform_attn_bfloat16_value_gives_the_float32_bits_on_the_widened_values(queries, levels, channels, precise):
-    """The CPU op reads bfloat16 value without widening it first; the result must be bit for bit the float32 op on
-    the same values widened, rounded once (non-contiguous value too)."""
+@pytest.mark.parametrize("inputs", ["float32", "half"])
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_ms_deform_attn_half_value_gives_the_float32_bits_on_the_widened_values(
+    queries, levels, channels, dtype, inputs
+):
+    """The CPU op reads a bfloat16 value (and, on CPUs with AVX-512, a float16 one; elsewhere it widens it first)
+    as stored, and half locations and weights too; the result must be bit for bit the float32 op on the same values
+    widened, rounded once (non-contiguous value too)."""
     value, shapes, starts, loc, attn = msda_module.sample_inputs(torch.float32, 2, levels, queries, 4, channels, 4)
-    value = value.bfloat16().transpose(0, 1).contiguous().transpose(0, 1)  # non-contiguous
-    loc, attn = (t.to(getattr(torch, precise)) for t in (loc, attn))
+    value = value.to(dtype).transpose(0, 1).contiguous().transpose(0, 1)  # non-contiguous
+    loc, attn = (t.to(dtype if inputs == "half" else torch.float32) for t in (loc, attn))
     got = opbridge.ms_deform_attn(value, shapes, starts, loc, attn)
-    want = opbridge.ms_deform_attn(value.float(), shapes, starts, loc.float(), attn.float()).bfloat16()
-    assert got.dtype == torch.bfloat16
+    want = opbridge.ms_deform_attn(value.float(), shapes, starts, loc.float(), attn.float()).to(dtype)
+    assert got.dtype == dtype
     assert torch.equal(got, want)
 
 
@@ -501,6 +505,24 @@ def test_ort_float16_msda_nodes_round_the_float64_value_once(op_type, domain):
     expected = msda_module.reference(*(_f64(feeds[n]) if feeds[n].dtype == np.float16 else torch.from_numpy(feeds[n])
                                        for n in msda.NAMES))  # fmt: skip
     assert_rounded_once(torch.from_numpy(out), expected, torch.float16)
+
+
+@pytest.mark.parametrize(("queries", "levels", "channels"), [(7, ((40, 50), (20, 25)), 32),  # decoder: query-major
+                                                               (2500, ((40, 50), (20, 25)), 32),  # encoder: head-major
+                                                               (2500, ((40, 50), (20, 25)), 24)],  # 16 + 8 channels
+                         ids=["decoder", "encoder", "channels-24"])  # fmt: skip
+def test_ort_float16_msda_node_is_its_float32_node_rounded_once(queries, levels, channels):
+    """The CPU library's float16 MSDA node reads its inputs as stored where the CPU has AVX-512 (and widens them
+    first elsewhere): either way, bit for bit the float32 node on the same values, rounded once."""
+    import numpy as np
+
+    _, _, msda, _ = _ort_cases()
+    feeds = msda.msda_case(np.random.default_rng(1), np.float16, 2, levels, queries, 4, channels, 4)
+    half = _ort_run(msda.msda_model(np.float16), feeds)
+    widened = {n: a.astype(np.float32) if a.dtype == np.float16 else a for n, a in feeds.items()}
+    want = _ort_run(msda.msda_model(np.float32), widened).astype(np.float16)
+    assert half.dtype == np.float16
+    np.testing.assert_array_equal(half.view(np.uint16), want.view(np.uint16))
 
 
 @pytest.mark.parametrize("node", ["DeformConv2d", "mmcv::MMCVModulatedDeformConv2d",

@@ -47,7 +47,8 @@ struct SoftFloat16 {
     return sign | static_cast<uint16_t>(magnitude >> 13);
   }
 
-  OPBRIDGE_HD static float to_float(uint16_t h) {
+  // Always inlined: the kernels built per instruction set call it (kernels/cpu_isa.h: no shared inline copies).
+  OPBRIDGE_HD_INLINE static float to_float(uint16_t h) {
     const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
     uint32_t x;
     if (exponent == 0x1fu) {

@@ -25,6 +25,7 @@
 #include <new>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__SSE2__) && !defined(__CUDACC__)
@@ -35,6 +36,7 @@
 #include "kernels/cpu_isa.h"
 #include "kernels/device.h"
 #include "kernels/float16.h"
+#include "kernels/half_convert.h"
 #include "kernels/scratch.h"
 
 namespace opbridge::kernels {
@@ -385,12 +387,31 @@ template <class T, class S>
 [[gnu::always_inline]] inline T value_at(const S* p) {
   if constexpr (std::is_same_v<S, T>) {
     return *p;
+  } else if constexpr (std::is_same_v<S, SoftFloat16>) {
+    return SoftFloat16::to_float(p->bits);
   } else {
     const uint32_t wide = static_cast<uint32_t>(p->bits) << 16;
     float out;
     __builtin_memcpy(&out, &wide, sizeof out);
     return out;
   }
+}
+// to[i] = from[i] for i < count: T itself copied, or a half type widened exactly (float16: F16C where the CPU has
+// it, kernels/half_convert.h).
+template <class T, class L>
+inline void widen_into(T* __restrict to, const L* __restrict from, int64_t count) {
+  if constexpr (std::is_same_v<L, T>) {
+    std::memcpy(to, from, sizeof(T) * static_cast<size_t>(count));
+  } else if constexpr (std::is_same_v<L, SoftFloat16>) {
+    float16_to_float(reinterpret_cast<const uint16_t*>(from), to, count);
+  } else {
+    for (int64_t i = 0; i < count; ++i) to[i] = value_at<T>(from + i);
+  }
+}
+// float sums rounded once into half out: bfloat16, or float16 (F16C where the CPU has it, kernels/half_convert.h).
+inline void round_half(BFloat16* to, const float* from, int64_t count) { round_to_bf16(to, from, count); }
+inline void round_half(SoftFloat16* to, const float* from, int64_t count) {
+  float_to_float16(from, reinterpret_cast<uint16_t*>(to), count);
 }
 // acc's whole W-channel chunks from [even channels, odd channels] back to channel order.
 template <int W>
@@ -546,6 +567,19 @@ template <class T, int D, bool kAdd, class S>
       const C sum = w0 * load<C>(r0 + k) + w1 * load<C>(r1 + k) + w2 * load<C>(r2 + k) + w3 * load<C>(r3 + k);
       store(out + k, kAdd ? load<C>(out + k) + sum : sum);
     }
+  } else if constexpr (std::is_same_v<S, SoftFloat16>) {
+    static_assert(std::is_same_v<T, float>, "half storage: float16 into float");
+#if defined(__AVX512F__) && !defined(__CUDACC__)
+    // 16 channels a load, widened exactly by the CPU (vcvtph2ps); the float rows' operations in their order. Other
+    // instruction sets take the scalar loop below (the callers widen value first there: ms_deform_attn_copy_half).
+    const auto at = [&](const S* r) __attribute__((always_inline)) {
+      return _mm512_maskz_cvtph_ps(__mmask16(0xffff), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + k)));
+    };
+    for (; k + 16 <= n; k += 16) {
+      const __m512 sum = w0 * at(r0) + w1 * at(r1) + w2 * at(r2) + w3 * at(r3);
+      _mm512_storeu_ps(out + k, kAdd ? _mm512_loadu_ps(out + k) + sum : sum);
+    }
+#endif
   } else {
     static_assert(std::is_same_v<S, BFloat16> && std::is_same_v<T, float>, "half storage: bfloat16 into float");
     constexpr int kW = pair_chunk<D>(), kHalf = kW / 2;
@@ -627,7 +661,7 @@ template <class T, class I, int D, bool kHeadMajor, class S>
     if (lp == 0) {
       for (int64_t k = 0; k < d; ++k) acc[k] = T(0);
     }
-    if constexpr (!std::is_same_v<S, T>) msda_detail::interleave_pairs<msda_detail::pair_chunk<D>()>(acc, d);
+    if constexpr (std::is_same_v<S, BFloat16>) msda_detail::interleave_pairs<msda_detail::pair_chunk<D>()>(acc, d);
     if (D > 0 && stream) {
       using C = typename msda_detail::VectorOf<T, msda_detail::kChunk<T>>::type;
       for (int64_t k = 0; k < d; k += msda_detail::kChunk<T>) {
@@ -777,7 +811,8 @@ template <class T, class I, int D>
   grad_out_n, value_n, loc_n, attn_n, s, head, grad_value_n, grad_loc_n, grad_attn_n, taps, zeros, scratch, dots
 #define OPBRIDGE_MSDA_FOR_TYPES(X) X(float, int32_t) X(float, int64_t) X(double, int32_t) X(double, int64_t)
 // The forward also reads bfloat16 value storage into float arithmetic.
-#define OPBRIDGE_MSDA_FOR_HALF_TYPES(X) X(float, int32_t, BFloat16) X(float, int64_t, BFloat16)
+#define OPBRIDGE_MSDA_FOR_HALF_TYPES(X) \
+  X(float, int32_t, BFloat16) X(float, int64_t, BFloat16) X(float, int32_t, SoftFloat16) X(float, int64_t, SoftFloat16)
 
 #if defined(OPBRIDGE_ISA_NAMESPACE) || !defined(OPBRIDGE_ISA_DISPATCH)
 #if defined(OPBRIDGE_ISA_NAMESPACE)
@@ -905,15 +940,16 @@ void ms_deform_attn_transpose_value(const S* value_n, V* value_t, const MSDeform
 
 // Queries [first, last)'s sampling_locations [Lq, M, L * P * 2] and attention_weights [Lq, M, L * P] of one image,
 // head by head: loc_t [M, total, L * P * 2], attn_t [M, total, L * P], query q at q - origin of its head.
-template <class T>
-void ms_deform_attn_transpose_queries(const T* loc_n, const T* attn_n, T* loc_t, T* attn_t, const MSDeformAttnShape& s,
+// The inputs' storage L is T, or a half type widened on the way.
+template <class T, class L>
+void ms_deform_attn_transpose_queries(const L* loc_n, const L* attn_n, T* loc_t, T* attn_t, const MSDeformAttnShape& s,
                                       int64_t first, int64_t last, int64_t total, int64_t origin) {
   const int64_t m_count = s.heads, lp = s.levels * s.points;
   for (int64_t q = first; q < last; ++q) {
     for (int64_t m = 0; m < m_count; ++m) {
       const int64_t to = m * total + q - origin;
-      std::memcpy(loc_t + to * lp * 2, loc_n + (q * m_count + m) * lp * 2, sizeof(T) * lp * 2);
-      std::memcpy(attn_t + to * lp, attn_n + (q * m_count + m) * lp, sizeof(T) * lp);
+      msda_detail::widen_into(loc_t + to * lp * 2, loc_n + (q * m_count + m) * lp * 2, lp * 2);
+      msda_detail::widen_into(attn_t + to * lp, attn_n + (q * m_count + m) * lp, lp);
     }
   }
 }
@@ -928,23 +964,31 @@ inline bool ms_deform_attn_head_passes(const MSDeformAttnShape& s, size_t value_
   return static_cast<size_t>(s.heads * (s.keys + 1) * s.channels) * value_bytes >= (size_t(12) << 20);
 }
 
+// Whether this CPU's kernels read half rows a 64-byte register at a time (AVX-512): bfloat16 32 channels a load,
+// float16 16 (widened by vcvtph2ps). Other instruction sets read float16 one channel at a time, so callers widen a
+// float16 value first there.
+inline bool ms_deform_attn_wide_half() {
+#if defined(OPBRIDGE_ISA_DISPATCH)
+  return cpu_isa() == CpuIsa::avx512f;
+#else
+  return msda_detail::kVectorBytes == 64;
+#endif
+}
+
 // Whether the head-major orders keep a half value (S) as stored in their copy, rather than widened to T: with
 // AVX-512 (a register of words: 32 bfloat16 channels a load, the float rows' arithmetic and half their bytes), and
-// elsewhere where the float copy would be large (8 MiB: bound by memory, where half the bytes win; a copy in cache
-// reads 16 channels a load and is bound by the shift and mask). 2026-11-28, AMD EPYC Zen 5 at 1 thread, bfloat16
-// against float32: AVX-512 1.45x (800x1333 encoder) and 1.04x (512x512) with the bfloat16 copy, against 0.94x and
-// 0.98x widened; AVX2 (OPBRIDGE_CPU_ISA=avx2) 1.07x and 0.89x with it, 0.94x and 0.97x widened.
+// elsewhere where a bfloat16 value's float copy would be large (8 MiB: bound by memory, where half the bytes win; a
+// copy in cache reads 16 channels a load and is bound by the shift and mask). 2026-11-28, AMD EPYC Zen 5 at 1
+// thread, bfloat16 against float32: AVX-512 1.45x (800x1333 encoder) and 1.04x (512x512) with the bfloat16 copy,
+// against 0.94x and 0.98x widened; AVX2 (OPBRIDGE_CPU_ISA=avx2) 1.07x and 0.89x with it, 0.94x and 0.97x widened.
 enum class MSDeformAttnCopy { automatic, half, widened };
 template <class T, class S>
 inline bool ms_deform_attn_copy_half(const MSDeformAttnShape& s, MSDeformAttnCopy copy) {
-  if (std::is_same_v<S, T> || copy != MSDeformAttnCopy::automatic)
+  if (std::is_same_v<S, T> || copy != MSDeformAttnCopy::automatic) {
     return std::is_same_v<S, T> || copy == MSDeformAttnCopy::half;
-#if defined(OPBRIDGE_ISA_DISPATCH)
-  const bool wide = cpu_isa() == CpuIsa::avx512f;
-#else
-  const bool wide = msda_detail::kVectorBytes == 64;
-#endif
-  return wide || static_cast<size_t>(s.heads * (s.keys + 1) * s.channels) * sizeof(T) >= (size_t(8) << 20);
+  }
+  const bool large = static_cast<size_t>(s.heads * (s.keys + 1) * s.channels) * sizeof(T) >= (size_t(8) << 20);
+  return ms_deform_attn_wide_half() || (std::is_same_v<S, BFloat16> && large);
 }
 
 // out [N, Lq, M * D]. spatial_shapes and level_start_index as checked by check_ms_deform_attn.
@@ -964,13 +1008,18 @@ inline bool ms_deform_attn_copy_half(const MSDeformAttnShape& s, MSDeformAttnCop
 // 1.45x the float32 forward; docs/architecture.md). out is T, or bfloat16 (float T): the float sums rounded once as
 // they are written (a block's sums in cache, then rounded; no float32 output to write and convert).
 enum class MSDeformAttnOrder { automatic, query_major, head_major, head_passes };
-template <class T, class S, class O, class ParallelFor>
+template <class S, class L, class O, class ParallelFor>
 void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
-                    const T* sampling_locations, const T* attention_weights, O* out, const MSDeformAttnShape& s,
+                    const L* sampling_locations, const L* attention_weights, O* out, const MSDeformAttnShape& s,
                     ParallelFor&& parallel_for, MSDeformAttnOrder order = MSDeformAttnOrder::automatic,
                     MSDeformAttnCopy copy = MSDeformAttnCopy::automatic) {
-  static_assert(std::is_same_v<O, T> || (std::is_same_v<O, BFloat16> && std::is_same_v<T, float>),
-                "out: T, or bfloat16 (float T) rounded once as it is written");
+  using T = std::conditional_t<std::is_same_v<L, BFloat16> || std::is_same_v<L, SoftFloat16>, float, L>;
+  static_assert(std::is_same_v<O, T> ||
+                    (std::is_same_v<T, float> && (std::is_same_v<O, BFloat16> || std::is_same_v<O, SoftFloat16>)),
+                "out: T, or bfloat16 or float16 (float T) rounded once as it is written");
+  static_assert(std::is_same_v<L, T> ||
+                    (std::is_same_v<T, float> && (std::is_same_v<L, BFloat16> || std::is_same_v<L, SoftFloat16>)),
+                "sampling_locations and attention_weights: T, or bfloat16 or float16 (float T) widened as read");
   const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
   const AlignedArray<S> zeros(static_cast<size_t>(d));
   std::fill_n(zeros.get(), d, S{});
@@ -1005,11 +1054,25 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
             return sums.get() - first * m_count * d;
           }
         }();
-        ms_deform_attn_forward_task(value + n * s.keys * m_count * d, sampling_locations + rows * lp * 2,
-                                    attention_weights + rows * lp, out_n, s, int64_t(-1), first * m_count,
-                                    last * m_count, taps.data(), zeros.get(), false);
+        // Half locations and weights: the block's, widened (at most 3 * 2^15 / D values).
+        const int64_t inputs = std::is_same_v<L, T> ? 0 : (last - first) * m_count * lp;
+        const AlignedArray<T> widened(static_cast<size_t>(inputs * 3));
+        const auto block_inputs = [&]() -> std::pair<const T*, const T*> {
+          if constexpr (std::is_same_v<L, T>) {
+            return {sampling_locations + rows * lp * 2, attention_weights + rows * lp};
+          } else {
+            const int64_t at = (rows + first * m_count) * lp;
+            msda_detail::widen_into(widened.get(), sampling_locations + at * 2, inputs * 2);
+            msda_detail::widen_into(widened.get() + inputs * 2, attention_weights + at, inputs);
+            const int64_t origin = first * m_count * lp;  // the task reads rows from first * M on
+            return {widened.get() - origin * 2, widened.get() + inputs * 2 - origin};
+          }
+        };
+        const auto [loc_n, attn_n] = block_inputs();
+        ms_deform_attn_forward_task(value + n * s.keys * m_count * d, loc_n, attn_n, out_n, s, int64_t(-1),
+                                    first * m_count, last * m_count, taps.data(), zeros.get(), false);
         if constexpr (!std::is_same_v<O, T>) {
-          round_to_bf16(out + (rows + first * m_count) * d, sums.get(), (last - first) * m_count * d);
+          msda_detail::round_half(out + (rows + first * m_count) * d, sums.get(), (last - first) * m_count * d);
         }
       });
       return;
@@ -1045,8 +1108,8 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
       T* sums_all = attn_all + m_count * s.queries * lp;
       for (int64_t n = 0; n < s.batch; ++n) {
         const int64_t rows = n * s.queries * m_count;
-        const T* loc_n = sampling_locations + rows * lp * 2;
-        const T* attn_n = attention_weights + rows * lp;
+        const L* loc_n = sampling_locations + rows * lp * 2;
+        const L* attn_n = attention_weights + rows * lp;
         // The copies of value (and head_passes: of the inputs, one block of queries a task).
         parallel_for(copies + (passes ? blocks : 0), [&](int64_t task) {
           if (task < copies) {
@@ -1076,7 +1139,8 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
             const int64_t per_block = block * m_count * d, total = s.queries * m_count * d;
             parallel_for(blocks, [&](int64_t task) {
               const int64_t first = task * per_block;
-              round_to_bf16(out + rows * d + first, sums_all + first, std::min(total, first + per_block) - first);
+              msda_detail::round_half(out + rows * d + first, sums_all + first,
+                                      std::min(total, first + per_block) - first);
             });
           }
           continue;
@@ -1100,7 +1164,7 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
             msda_detail::copy_streaming(out + (rows + first * m_count) * d, out_t,
                                         static_cast<int64_t>(sizeof(T)) * count * m_count * d);
           } else {
-            round_to_bf16(out + (rows + first * m_count) * d, out_t, count * m_count * d);
+            msda_detail::round_half(out + (rows + first * m_count) * d, out_t, count * m_count * d);
           }
         });
       }

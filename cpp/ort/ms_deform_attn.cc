@@ -8,6 +8,8 @@
 namespace opbridge::ort {
 namespace {
 
+static_assert(sizeof(Ort::Float16_t) == sizeof(kernels::SoftFloat16), "float16 read as stored: binary16 bits");
+
 struct Cpu {
   static constexpr const char* kProvider = "CPUExecutionProvider";
   template <class T>
@@ -15,9 +17,16 @@ struct Cpu {
                              const int64_t* level_start_index, const T* locations, const T* weights, T* out,
                              const kernels::MSDeformAttnShape& s) {
     if constexpr (std::is_same_v<T, Ort::Float16_t>) {
+      if (kernels::ms_deform_attn_wide_half()) {  // the inputs read as stored, out rounded once by the kernel
+        using H = kernels::SoftFloat16;
+        kernels::ms_deform_attn(reinterpret_cast<const H*>(value), spatial_shapes, level_start_index,
+                                reinterpret_cast<const H*>(locations), reinterpret_cast<const H*>(weights),
+                                reinterpret_cast<H*>(out), s, SessionThreads(context));
+        return;
+      }
       const int64_t samples = s.batch * s.queries * s.heads * s.levels * s.points;
-      const KernelInput<T> v(value, s.batch * s.keys * s.heads * s.channels);
       const KernelInput<T> l(locations, 2 * samples), w(weights, samples);
+      const KernelInput<T> v(value, s.batch * s.keys * s.heads * s.channels);
       KernelOutput<T> y(out, s.batch * s.queries * s.heads * s.channels);
       ms_deform_attn<float>(context, op, v.get(), spatial_shapes, level_start_index, l.get(), w.get(), y.get(), s);
       y.finish();
@@ -32,7 +41,8 @@ using ms_deform_attn_adapter::kMmdeployOp;
 using ms_deform_attn_adapter::kOp;
 using ms_deform_attn_adapter::make_op;
 
-// float16 on the CPU: widened into per-thread scratch (the CUDA library registers its own float16 nodes).
+// float16 on the CPU: value read as stored with AVX-512 (float32 arithmetic, the output rounded once), else widened
+// into per-thread scratch (the CUDA library registers its own float16 nodes).
 void append_ms_deform_attn(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ms_deform_attn_adapter::append<Cpu>(ops);
   ops.push_back(make_op<Cpu, Ort::Float16_t, kOp>("MultiScaleDeformableAttention"));

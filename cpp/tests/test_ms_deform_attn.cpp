@@ -101,6 +101,7 @@ void test_orders_agree() {
   std::uniform_real_distribution<float> uniform(-0.3f, 1.3f);
   const std::vector<int64_t> spatial{9, 11, 5, 6, 3, 3, 1, 2}, start{0, 99, 129, 138};
   bool same = true, automatic_is_head_major = true, bf16_same = true, bf16_out_same = true;
+  bool f16_same = true, f16_out_same = true;
   for (int64_t channels : {32, 16, 64, 7, 33}) {
     for (auto [levels, points] : {std::pair<int64_t, int64_t>{4, 4}, {3, 4}, {4, 5}, {1, 1}}) {
       const MSDeformAttnShape s{
@@ -133,38 +134,55 @@ void test_orders_agree() {
              std::memcmp(a.data(), c.get(), sizeof(float) * a.size()) == 0 &&
              std::memcmp(a.data(), c_off.data() + 1, sizeof(float) * a.size()) == 0;
       automatic_is_head_major = automatic_is_head_major && ms_deform_attn_head_major(s) == (levels * points >= 4);
-      // bfloat16 value (read as stored by the query-major order, widened in the head-major copies) gives the bits
-      // of the float forward on the same values widened first, in every order.
-      std::vector<BFloat16> value_bf16(value.size());
-      std::vector<float> widened(value.size());
-      for (size_t i = 0; i < value.size(); ++i) {
-        value_bf16[i] = BFloat16(value[i]);
-        widened[i] = static_cast<float>(value_bf16[i]);
-      }
-      std::vector<float> want(a.size()), got(a.size());
-      ms_deform_attn(widened.data(), spatial.data(), start.data(), loc.data(), attn.data(), want.data(), s,
-                     ThreadedFor{}, MSDeformAttnOrder::query_major);
-      for (auto order : {MSDeformAttnOrder::query_major, MSDeformAttnOrder::head_major, MSDeformAttnOrder::head_passes,
-                         MSDeformAttnOrder::automatic}) {
-        // The head-major copy bfloat16 as stored, widened to float, or as this CPU chooses.
-        for (auto copy : {MSDeformAttnCopy::half, MSDeformAttnCopy::widened, MSDeformAttnCopy::automatic}) {
-          std::fill(got.begin(), got.end(), -1.f);
-          ms_deform_attn(value_bf16.data(), spatial.data(), start.data(), loc.data(), attn.data(), got.data(), s,
-                         ThreadedFor{}, order, copy);
-          bf16_same = bf16_same && std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) == 0;
-          // bfloat16 out: those sums, rounded once as they are written.
-          std::vector<BFloat16> rounded(want.size());
-          ms_deform_attn(value_bf16.data(), spatial.data(), start.data(), loc.data(), attn.data(), rounded.data(), s,
-                         ThreadedFor{}, order, copy);
-          for (size_t i = 0; i < want.size(); ++i) {
-            bf16_out_same = bf16_out_same && rounded[i].bits == BFloat16(want[i]).bits;
+      // A half value (bfloat16, float16) gives the bits of the float forward on the same values widened first, in
+      // every order, with the head-major copy half as stored, widened to float, or as this CPU chooses; half out is
+      // those sums rounded once as they are written.
+      const auto check_half = [&](auto storage, bool& value_same, bool& out_same) {
+        using H = decltype(storage);
+        std::vector<H> value_h(value.size());
+        std::vector<float> widened(value.size());
+        for (size_t i = 0; i < value.size(); ++i) {
+          value_h[i] = H(value[i]);
+          widened[i] = static_cast<float>(value_h[i]);
+        }
+        std::vector<float> want(a.size()), got(a.size());
+        std::vector<H> rounded(a.size());
+        ms_deform_attn(widened.data(), spatial.data(), start.data(), loc.data(), attn.data(), want.data(), s,
+                       ThreadedFor{}, MSDeformAttnOrder::query_major);
+        for (auto order : {MSDeformAttnOrder::query_major, MSDeformAttnOrder::head_major,
+                           MSDeformAttnOrder::head_passes, MSDeformAttnOrder::automatic}) {
+          for (auto copy : {MSDeformAttnCopy::half, MSDeformAttnCopy::widened, MSDeformAttnCopy::automatic}) {
+            std::fill(got.begin(), got.end(), -1.f);
+            ms_deform_attn(value_h.data(), spatial.data(), start.data(), loc.data(), attn.data(), got.data(), s,
+                           ThreadedFor{}, order, copy);
+            value_same = value_same && std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) == 0;
+            ms_deform_attn(value_h.data(), spatial.data(), start.data(), loc.data(), attn.data(), rounded.data(), s,
+                           ThreadedFor{}, order, copy);
+            for (size_t i = 0; i < want.size(); ++i) out_same = out_same && rounded[i].bits == H(want[i]).bits;
           }
         }
-      }
+        // Locations and weights in the half type too: read as stored, the float forward's bits on them widened.
+        std::vector<H> loc_h(loc.size()), attn_h(attn.size());
+        std::vector<float> loc_w(loc.size()), attn_w(attn.size());
+        for (size_t i = 0; i < loc.size(); ++i) loc_h[i] = H(loc[i]), loc_w[i] = static_cast<float>(loc_h[i]);
+        for (size_t i = 0; i < attn.size(); ++i) attn_h[i] = H(attn[i]), attn_w[i] = static_cast<float>(attn_h[i]);
+        ms_deform_attn(widened.data(), spatial.data(), start.data(), loc_w.data(), attn_w.data(), want.data(), s,
+                       ThreadedFor{}, MSDeformAttnOrder::query_major);
+        for (auto order : {MSDeformAttnOrder::query_major, MSDeformAttnOrder::head_major,
+                           MSDeformAttnOrder::head_passes, MSDeformAttnOrder::automatic}) {
+          ms_deform_attn(value_h.data(), spatial.data(), start.data(), loc_h.data(), attn_h.data(), rounded.data(), s,
+                         ThreadedFor{}, order);
+          for (size_t i = 0; i < want.size(); ++i) out_same = out_same && rounded[i].bits == H(want[i]).bits;
+        }
+      };
+      check_half(BFloat16{}, bf16_same, bf16_out_same);
+      check_half(SoftFloat16{}, f16_same, f16_out_same);
     }
   }
   expect(bf16_same, "bfloat16 value gives the float forward's bits on the widened values, in every order and copy");
   expect(bf16_out_same, "bfloat16 out is the float forward's sums rounded once, in every order and copy");
+  expect(f16_same, "float16 value gives the float forward's bits on the widened values, in every order and copy");
+  expect(f16_out_same, "float16 out is the float forward's sums rounded once, in every order and copy");
   expect(same, "the head-major forward, block by block and head by head, and the query-major one give the same bits");
   expect(automatic_is_head_major, "the forward runs head-major where queries * L * P >= 4 * S");
   {  // maps of no pixel: every sample reads the row of zeros (written even though no key is copied), never garbage

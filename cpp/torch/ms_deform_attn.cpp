@@ -34,18 +34,33 @@ Tensor ms_deform_attn_cpu(const Tensor& value, const Tensor& spatial_shapes, con
                  api::device_name(value));
   const auto in = checked(value, spatial_shapes, level_start_index, sampling_locations, attention_weights);
   const auto& s = in.shape;
-  if (value.scalar_type() == api::ScalarType::BFloat16) {
-    // bfloat16 value read as it is stored, into float32 arithmetic (the same bits as value widened first, without
-    // the widened copy, and half the bytes gathered); locations and weights in float32; one rounding at the end.
+  const bool bf16 = value.scalar_type() == api::ScalarType::BFloat16;
+  if (bf16 || (value.scalar_type() == api::ScalarType::Half && kernels::ms_deform_attn_wide_half())) {
+    // A half value read as it is stored (bfloat16 always; float16 where the CPU widens it a register at a time),
+    // into float32 arithmetic: the same bits as value widened first, without the widened copy, and half the bytes
+    // gathered. Locations and weights in float32; one rounding at the end, as the kernel writes out.
     auto out = api::empty({s.batch, s.queries, s.heads * s.channels}, value.scalar_type());
     if (out.numel() == 0) return out;
-    const auto locations = api::widened(in.sampling_locations), weights = api::widened(in.attention_weights);
-    kernels::ms_deform_attn(api::data<kernels::bfloat16>(in.value), api::data<int64_t>(in.spatial_shapes),
-                            api::data<int64_t>(in.level_start_index), api::data<float>(locations),
-                            api::data<float>(weights), api::data<kernels::bfloat16>(out), s, parallel_for);
+    // Locations and weights in value's half type are read as stored too (widened block by block); float32 ones,
+    // or a mix, as float32.
+    const bool inputs_half = in.sampling_locations.scalar_type() == value.scalar_type() &&
+                             in.attention_weights.scalar_type() == value.scalar_type();
+    const auto locations = inputs_half ? in.sampling_locations : api::widened(in.sampling_locations);
+    const auto weights = inputs_half ? in.attention_weights : api::widened(in.attention_weights);
+    const auto run = [&](auto storage) {
+      using S = decltype(storage);
+      const auto call = [&](auto inputs) {
+        using L = decltype(inputs);
+        kernels::ms_deform_attn(api::data<S>(in.value), api::data<int64_t>(in.spatial_shapes),
+                                api::data<int64_t>(in.level_start_index), api::data<L>(locations),
+                                api::data<L>(weights), api::data<S>(out), s, parallel_for);
+      };
+      inputs_half ? call(S{}) : call(float{});
+    };
+    bf16 ? run(kernels::BFloat16{}) : run(kernels::SoftFloat16{});
     return out;
   }
-  if (api::is_half(value.scalar_type())) {  // float16: widened to float32, one rounding at the end
+  if (api::is_half(value.scalar_type())) {  // float16 elsewhere: widened to float32, one rounding at the end
     return api::to(ms_deform_attn_cpu(api::widened(value), spatial_shapes, level_start_index,
                                       api::widened(sampling_locations), api::widened(attention_weights)),
                    value.scalar_type());
