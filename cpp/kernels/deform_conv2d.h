@@ -364,6 +364,28 @@ void deform_conv2d_layouts(const S* input, const W* weight, const DeformConv2dSh
   });
 }
 
+// The forward's tasks of (image, block of output pixels): each samples its block's columns into a buffer of its own,
+// of type C (T, or bfloat16 rounded as im2col writes it), and hands them to product(image, first, count, columns,
+// ld) on the same thread. input_hwc is the channels-last input (deform_conv2d_layouts).
+template <class C, class T, class ParallelFor, class Product>
+void deform_conv2d_column_blocks(const T* input_hwc, const T* offset, const T* mask, const DeformConv2dShape& s,
+                                 ParallelFor&& parallel_for, Product&& product) {
+  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, plane = s.height * s.width;
+  const std::vector<T> zeros(static_cast<size_t>(s.in_channels), T(0));
+  const int64_t block = deform_conv2d_block_pixels(s, sizeof(C));
+  const int64_t blocks = (pixels + block - 1) / block, ld = s.in_channels * taps;
+  parallel_for(s.batch * blocks, [&](int64_t task) {
+    const int64_t image = task / blocks, first = task % blocks * block;
+    const int64_t count = std::min(block, pixels - first);
+    const ThreadScratch columns(sizeof(C) * static_cast<size_t>(count * ld));  // im2col writes all of it
+    deformable_im2col_block(input_hwc + image * plane * s.in_channels, zeros.data(),
+                            offset + image * 2 * s.offset_groups * taps * pixels,
+                            mask != nullptr ? mask + image * s.offset_groups * taps * pixels : nullptr, s, first, count,
+                            columns.get<C>(), ld);
+    product(image, first, count, static_cast<const C*>(columns.get<C>()), ld);
+  });
+}
+
 template <class T, class ParallelFor, class Gemm>
 void deform_conv2d(const T* input, const T* weight, const T* offset, const T* mask, const T* bias, T* out,
                    const DeformConv2dShape& s, ParallelFor&& parallel_for, Gemm&& gemm) {
@@ -377,29 +399,21 @@ void deform_conv2d(const T* input, const T* weight, const T* offset, const T* ma
   T* const input_hwc = copies.get<T>();
   T* const weight_k = input_hwc + input_count;
   deform_conv2d_layouts(input, weight, s, input_hwc, weight_k, parallel_for);
-  const std::vector<T> zeros(static_cast<size_t>(s.in_channels), T(0));
-  const int64_t block = deform_conv2d_block_pixels(s, sizeof(T));
-  const int64_t blocks = (pixels + block - 1) / block, ld = s.in_channels * taps;
-  parallel_for(s.batch * blocks, [&](int64_t task) {
-    const int64_t image = task / blocks, first = task % blocks * block;
-    const int64_t count = std::min(block, pixels - first);
-    const ThreadScratch columns(sizeof(T) * static_cast<size_t>(count * ld));  // im2col writes all of it
-    deformable_im2col_block(input_hwc + image * plane * s.in_channels, zeros.data(),
-                            offset + image * 2 * s.offset_groups * taps * pixels,
-                            mask != nullptr ? mask + image * s.offset_groups * taps * pixels : nullptr, s, first, count,
-                            columns.get<T>(), ld);
-    T* image_out = out + image * s.out_channels * pixels + first;
-    for (int64_t group = 0; group < s.groups; ++group) {
-      gemm(out_per_group, count, depth, weight_k + group * out_per_group * depth, depth,
-           columns.get<T>() + group * depth, ld, image_out + group * out_per_group * pixels, pixels);
-    }
-    if (bias != nullptr) {
-      for (int64_t channel = 0; channel < s.out_channels; ++channel) {
-        T* row = image_out + channel * pixels;
-        for (int64_t q = 0; q < count; ++q) row[q] += bias[channel];
-      }
-    }
-  });
+  deform_conv2d_column_blocks<T>(input_hwc, offset, mask, s, parallel_for,
+                                 [&](int64_t image, int64_t first, int64_t count, const T* columns, int64_t ld) {
+                                   T* image_out = out + image * s.out_channels * pixels + first;
+                                   for (int64_t group = 0; group < s.groups; ++group) {
+                                     gemm(out_per_group, count, depth, weight_k + group * out_per_group * depth, depth,
+                                          columns + group * depth, ld, image_out + group * out_per_group * pixels,
+                                          pixels);
+                                   }
+                                   if (bias != nullptr) {
+                                     for (int64_t channel = 0; channel < s.out_channels; ++channel) {
+                                       T* row = image_out + channel * pixels;
+                                       for (int64_t q = 0; q < count; ++q) row[q] += bias[channel];
+                                     }
+                                   }
+                                 });
 }
 
 // The forward with bfloat16 products (deform_conv2d's bfloat16 path on CPUs with bfloat16 dot-product
@@ -421,24 +435,16 @@ void deform_conv2d_bf16_products(const BFloat16* input, const BFloat16* weight, 
   float* const input_hwc = copies.get<float>();
   auto* const weight_k = reinterpret_cast<BFloat16*>(input_hwc + input_count);
   deform_conv2d_layouts(input, weight, s, input_hwc, weight_k, parallel_for);
-  const std::vector<float> zeros(static_cast<size_t>(s.in_channels), 0.0f);
-  const int64_t block = deform_conv2d_block_pixels(s, sizeof(BFloat16));
-  const int64_t blocks = (pixels + block - 1) / block, ld = s.in_channels * taps;
-  parallel_for(s.batch * blocks, [&](int64_t task) {
-    const int64_t image = task / blocks, first = task % blocks * block;
-    const int64_t count = std::min(block, pixels - first);
-    const ThreadScratch columns(sizeof(BFloat16) * static_cast<size_t>(count * ld));  // im2col writes all of it
-    auto* const rounded = columns.get<BFloat16>();
-    deformable_im2col_block(
-        input_hwc + image * plane * s.in_channels, zeros.data(), offset + image * 2 * s.offset_groups * taps * pixels,
-        mask != nullptr ? mask + image * s.offset_groups * taps * pixels : nullptr, s, first, count, rounded, ld);
-    BFloat16* image_out = out + image * s.out_channels * pixels + first;
-    for (int64_t group = 0; group < s.groups; ++group) {
-      linear(count, out_per_group, depth, rounded + group * depth, ld, weight_k + group * out_per_group * depth, depth,
-             bias != nullptr ? bias + group * out_per_group : nullptr, image_out + group * out_per_group * pixels, 1,
-             pixels);
-    }
-  });
+  deform_conv2d_column_blocks<BFloat16>(
+      input_hwc, offset, mask, s, parallel_for,
+      [&](int64_t image, int64_t first, int64_t count, const BFloat16* rounded, int64_t ld) {
+        BFloat16* image_out = out + image * s.out_channels * pixels + first;
+        for (int64_t group = 0; group < s.groups; ++group) {
+          linear(count, out_per_group, depth, rounded + group * depth, ld, weight_k + group * out_per_group * depth,
+                 depth, bias != nullptr ? bias + group * out_per_group : nullptr,
+                 image_out + group * out_per_group * pixels, 1, pixels);
+        }
+      });
 }
 
 }  // namespace opbridge::kernels
