@@ -328,6 +328,19 @@ for dtype, proto in ((torch.float32, TensorProto.FLOAT), (torch.float64, TensorP
         out[key + "-ort"] = session.run(None, {n: t.numpy() for n, t in zip(NAMES, args)})[0]
         for i, g in enumerate(grads):
             out[f"{key}-grad{i}"] = g.numpy()
+# Half storage (read as stored where the instruction set allows, widened first elsewhere): 32 channels (whole
+# registers) and 33 (a tail), float32 or half locations and weights; the ORT float16 node.
+session = opbridge_ort.InferenceSession(_mmdeploy_model(TensorProto.FLOAT16))
+for name, queries in (("encoder", 180), ("decoder", 5)):
+    for channels in (32, 33):
+        args = sample_inputs(torch.float32, 2, [(6, 8), (3, 4), (2, 2)], queries, 4, channels, 4, seed=7)
+        for dtype in (torch.bfloat16, torch.float16):
+            for inputs in ("float32", "half"):
+                loc, attn = (a.to(dtype) if inputs == "half" else a for a in args[3:])
+                result = opbridge.ms_deform_attn(args[0].to(dtype), args[1], args[2], loc, attn)
+                out[f"{name}-{channels}-{dtype}-{inputs}"] = result.view(torch.int16).numpy()
+        feeds = [a.half() if a.is_floating_point() else a for a in args]
+        out[f"{name}-{channels}-ort-float16"] = session.run(None, {n: t.numpy() for n, t in zip(NAMES, feeds)})[0]
 np.savez(sys.argv[1], **out)
 """
 
@@ -335,7 +348,8 @@ np.savez(sys.argv[1], **out)
 def test_every_instruction_set_gives_the_same_bits(tmp_path):
     """The CPU kernels are built once per x86-64 instruction set and chosen at run time (OPBRIDGE_CPU_ISA caps the
     choice): AVX-512F, AVX2 and baseline give the same bits, in torch (forward and gradients) and in ORT, in both of
-    the forward's orders. On a CPU without an instruction set, the cap above it changes nothing and still agrees."""
+    the forward's orders, and with bfloat16 and float16 storage (read as stored or widened first, by instruction
+    set). On a CPU without an instruction set, the cap above it changes nothing and still agrees."""
     results = {}
     for isa in ("avx512f", "avx2", "baseline"):
         path = tmp_path / f"{isa}.npz"
@@ -343,7 +357,7 @@ def test_every_instruction_set_gives_the_same_bits(tmp_path):
         subprocess.run([sys.executable, "-c", _ISA_SCRIPT, str(path), str(Path(__file__).parent)], env=env,
                        check=True)  # fmt: skip
         results[isa] = dict(np.load(path))
-    assert len(results["avx512f"]) == 20
+    assert len(results["avx512f"]) == 40
     for isa in ("avx2", "baseline"):
         for key, want in results["avx512f"].items():
             got = results[isa][key]
