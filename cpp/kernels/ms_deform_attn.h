@@ -551,9 +551,10 @@ inline int64_t ms_deform_attn_block_queries(const MSDeformAttnShape& s) {
 }
 
 // out[k] (+)= w0 r0[k] + w1 r1[k] + w2 r2[k] + w3 r3[k] for k < d (D > 0: d = D at compile time), in 64-byte
-// chunks, then one channel at a time for the rest. The rows are value's storage S: T, or bfloat16 (float T) in
-// kPairChunk chunks whose sums out holds as [even channels, odd channels] (msda_detail::interleave_pairs): each
-// channel's sum has the operations of the float rows', in the same order.
+// chunks, then one channel at a time for the rest. The rows are value's storage S: T, bfloat16 (float T) in
+// kPairChunk chunks whose sums out holds as [even channels, odd channels] (msda_detail::interleave_pairs), or
+// float16 (float T) widened 16 channels a load with AVX-512: each channel's sum has the operations of the float
+// rows', in the same order.
 template <class T, int D, bool kAdd, class S>
 [[gnu::always_inline]] inline void ms_deform_attn_blend(T* __restrict out, const S* __restrict r0,
                                                         const S* __restrict r1, const S* __restrict r2,
@@ -910,6 +911,10 @@ OPBRIDGE_MSDA_FOR_HALF_TYPES(OPBRIDGE_DISPATCH_MSDA_FORWARD_TASK)
 #undef OPBRIDGE_MSDA_BACKWARD_PARAMS
 #undef OPBRIDGE_MSDA_BACKWARD_ARGS
 
+// The callers' side, which the instruction sets' builds (OPBRIDGE_ISA_NAMESPACE) neither need nor see: its inline
+// functions (ms_deform_attn_wide_half) read the build's own flags, and one compiled for AVX-512 must never be the
+// copy the linker keeps for every caller.
+#if !defined(OPBRIDGE_ISA_NAMESPACE)
 // Whether the forward runs head by head on a head-major copy of value (ms_deform_attn_forward_block): where every
 // value row is gathered many times (an encoder's self-attention: each key sampled by L * P samples of about as many
 // queries), the copy is paid back many times. Queries of one head then run one after another, so the rows that
@@ -1002,11 +1007,12 @@ inline bool ms_deform_attn_copy_half(const MSDeformAttnShape& s, MSDeformAttnCop
 #ifndef OPBRIDGE_MSDA_BLOCK_BYTES
 #define OPBRIDGE_MSDA_BLOCK_BYTES (256 << 10)
 #endif
-// value's storage S is T, or bfloat16 with T float: the same bits as value widened to float first, without the
-// widened copy. Every order reads bfloat16 rows as stored (the head-major copies keep them bfloat16), 32 channels a
-// 64-byte load with AVX-512: half the bytes of float rows to gather and to keep in cache (800x1333 encoder, 1 thread:
-// 1.45x the float32 forward; docs/architecture.md). out is T, or bfloat16 (float T): the float sums rounded once as
-// they are written (a block's sums in cache, then rounded; no float32 output to write and convert).
+// value's storage S is T, or bfloat16 or float16 with T float: the same bits as value widened to float first, without
+// the widened copy. Every order reads half rows as stored where ms_deform_attn_copy_half says so (the head-major
+// copies keep them half): with AVX-512, bfloat16 32 channels a 64-byte load and float16 16 (vcvtph2ps), half the bytes
+// of float rows to gather and to keep in cache (800x1333 encoder, 1 thread: 1.45x the float32 forward;
+// docs/architecture.md). out is T, or bfloat16 or float16 (float T): the float sums rounded once as they are written
+// (a block's sums in cache, then rounded; no float32 output to write and convert).
 enum class MSDeformAttnOrder { automatic, query_major, head_major, head_passes };
 template <class S, class L, class O, class ParallelFor>
 void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
@@ -1045,8 +1051,10 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
         const int64_t n = task / blocks, first = task % blocks * block, last = std::min(s.queries, first + block);
         const int64_t rows = n * s.queries * m_count;
         auto taps = taps_pair();
-        // bfloat16 out: the block's float sums (at most 2^15), then rounded.
-        const AlignedArray<T> sums(std::is_same_v<O, T> ? 0 : static_cast<size_t>((last - first) * m_count * d));
+        // Half out (bfloat16 or float16): the block's float sums (at most 2^15), then rounded. None for T out.
+        const AlignedArray<T> sums = std::is_same_v<O, T>
+                                         ? AlignedArray<T>()
+                                         : AlignedArray<T>(static_cast<size_t>((last - first) * m_count * d));
         T* const out_n = [&] {
           if constexpr (std::is_same_v<O, T>) {
             return out + rows * d;
@@ -1056,7 +1064,8 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
         }();
         // Half locations and weights: the block's, widened (at most 3 * 2^15 / D values).
         const int64_t inputs = std::is_same_v<L, T> ? 0 : (last - first) * m_count * lp;
-        const AlignedArray<T> widened(static_cast<size_t>(inputs * 3));
+        const AlignedArray<T> widened =
+            inputs == 0 ? AlignedArray<T>() : AlignedArray<T>(static_cast<size_t>(inputs * 3));
         const auto block_inputs = [&]() -> std::pair<const T*, const T*> {
           if constexpr (std::is_same_v<L, T>) {
             return {sampling_locations + rows * lp * 2, attention_weights + rows * lp};
@@ -1098,7 +1107,8 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
       const int64_t blocks = (s.queries + block - 1) / block;
       const int64_t value_count = m_count * (s.keys + 1) * d, inputs_count = passes ? m_count * s.queries * lp * 3 : 0;
       const size_t value_bytes = (sizeof(V) * static_cast<size_t>(value_count) + 63) / 64 * 64;
-      // head_passes with bfloat16 out: the image's float sums [Lq, M, D], rounded after the passes.
+      // head_passes with half out (bfloat16 or float16): the image's float sums [Lq, M, D], streamed by the passes
+      // (each writes its head's D channels of every row: too large to stay in cache) and rounded after them.
       const int64_t sums_count = passes && !std::is_same_v<O, T> ? s.queries * m_count * d : 0;
       const ThreadScratch scratch(value_bytes + sizeof(T) * static_cast<size_t>(inputs_count + sums_count));
       V* value_t = scratch.get<V>();
@@ -1217,5 +1227,7 @@ void ms_deform_attn_backward(const T* grad_out, const T* value, const int64_t* s
 }
 
 #pragma GCC diagnostic pop
+
+#endif  // !defined(OPBRIDGE_ISA_NAMESPACE)
 
 }  // namespace opbridge::kernels
