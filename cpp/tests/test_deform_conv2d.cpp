@@ -181,9 +181,48 @@ void test_deform_conv2d_backward_finite_differences() {
   expect(gx == gx2 && gw == gw2 && go == go2 && gm == gm2 && gb == gb2, "deform_conv2d backward is deterministic");
 }
 
+// The bfloat16 columns' blend (16 channels a vector) gives, channel by channel, the float blend rounded to nearest
+// even (bf16_bits): every length around the vector width, with and without the mask's scale, on values whose sums
+// fall on ties, past the largest bfloat16, NaN (a quiet NaN), infinities and subnormals.
+void test_blend4_bfloat16_rounds_the_float_blend() {
+  using opbridge::kernels::BFloat16;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-2, 2);
+  const float specials[] = {1.00390625f,  // 1 + 2^-8: a tie between two bfloat16 values
+                            1.01171875f, 3.3895314e38f, std::nanf(""), INFINITY, -INFINITY, 1e-40f, -0.0f};
+  for (const int64_t n : {1, 15, 16, 17, 31, 32, 33, 64, 70}) {
+    std::vector<float> rows[4];
+    for (auto& row : rows) {
+      row.resize(static_cast<size_t>(n));
+      for (auto& v : row) v = uniform(rng);
+    }
+    // Every row the same special value: the weights sum to 1 and scale by powers of two, so the blend is exactly
+    // that value (times the scale), ties included (1 + 3 * 2^-8 lies halfway between two bfloat16 values).
+    for (int64_t c = 0; c < n; c += 2) {
+      for (auto& row : rows) row[static_cast<size_t>(c)] = specials[(c / 2) % 8];
+    }
+    for (const bool scaled : {false, true}) {
+      const float w[4] = {0.25f, 0.5f, 0.125f, 0.125f}, scale = scaled ? 0.5f : 1.0f;
+      std::vector<BFloat16> out(static_cast<size_t>(n));
+      opbridge::kernels::blend4(out.data(), rows[0].data(), rows[1].data(), rows[2].data(), rows[3].data(), w[0], w[1],
+                                w[2], w[3], scaled, scale, n);
+      bool same = true;
+      for (int64_t c = 0; c < n; ++c) {
+        const auto k = static_cast<size_t>(c);
+        float v = w[0] * rows[0][k] + w[1] * rows[1][k] + w[2] * rows[2][k] + w[3] * rows[3][k];
+        if (scaled) v = v * scale;
+        same = same && out[k].bits == opbridge::kernels::bf16_bits(v);
+      }
+      expect(same, "blend4 into bfloat16 rounds the float blend to nearest even, n = " + std::to_string(n) +
+                       (scaled ? ", scaled" : ""));
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
+  test_blend4_bfloat16_rounds_the_float_blend();
   test_deform_conv2d_huge_attributes();
   test_deform_conv2d_direct();
   test_deform_conv2d_backward_finite_differences();
