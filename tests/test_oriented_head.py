@@ -80,7 +80,9 @@ def test_torch_compile():
     def dense(features, rois, boxes):
         aligned = opbridge.roi_align_rotated(features, rois, 7, 1 / 8, 2, True, True)
         refined = opbridge.rotated_feature_align(features, boxes, 1 / 8, 5)
-        return aligned.sum() + refined.sum(), opbridge.box_iou_rotated(rois[:, 1:], rois[:, 1:])
+        defaults = opbridge.roi_align_rotated(features, rois, 2)  # spatial_scale's default (once a graph break)
+        loss = aligned.sum() + refined.sum() + defaults.sum()
+        return loss, opbridge.box_iou_rotated(rois[:, 1:], rois[:, 1:])
 
     compiled = torch.compile(dense, fullgraph=True, dynamic=True)
     (loss, iou), (want_loss, want_iou) = compiled(features, rois, boxes), dense(features, rois, boxes)

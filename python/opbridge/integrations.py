@@ -357,6 +357,11 @@ def patch_model(model: torch.nn.Module) -> Patch:
     with either exporter (``opbridge::MultiScaleDeformableAttention`` with the ``custom`` lowering, standard ONNX
     ops otherwise, with a dynamic image size). Raises TypeError if ``model`` is not an ``nn.Module``;
     ``bool(patch)`` is False where the model has nothing opbridge serves.
+
+    Layers are patched per instance; the module-level functions of Mask2Former, OneFormer and RT-DETR v2 (and
+    Ultralytics' RT-DETR, rfdetr's RF-DETR) are swapped in their module, so until ``restore()`` every model of
+    those families in the process runs opbridge's op, not only ``model``: compare against an unpatched model
+    after ``restore()`` (or in another process).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"opbridge.patch_model: expected a torch.nn.Module, got {type(model).__name__}")

@@ -86,7 +86,9 @@ def roi_align_rotated(
         output_size = _checks.int_pair(_OP, "output_size", output_size, minimum=1)
         if isinstance(spatial_scale, bool) or not isinstance(spatial_scale, (int, float)):
             raise TypeError(f"{_OP}: spatial_scale must be a number, got {type(spatial_scale).__name__}")
-        if not (math.isfinite(spatial_scale) and spatial_scale > 0):
+        # Comparisons, not math.isfinite: torch.compile traces them on a symbolic float (dynamic=True), where
+        # math.isfinite broke the graph. NaN fails both.
+        if not (0 < spatial_scale < math.inf):
             raise ValueError(f"{_OP}: spatial_scale must be a positive finite number, got {spatial_scale}")
     size = _size(output_size)
     return torch.ops.opbridge.roi_align_rotated(

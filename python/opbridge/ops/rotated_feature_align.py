@@ -63,7 +63,9 @@ def rotated_feature_align(
         _checks.tensor(_OP, "best_rboxes", best_rboxes)
         if isinstance(spatial_scale, bool) or not isinstance(spatial_scale, (int, float)):
             raise TypeError(f"{_OP}: spatial_scale must be a number, got {type(spatial_scale).__name__}")
-        if not (math.isfinite(spatial_scale) and spatial_scale > 0):
+        # Comparisons, not math.isfinite: torch.compile traces them on a symbolic float (dynamic=True), where
+        # math.isfinite broke the graph. NaN fails both.
+        if not (0 < spatial_scale < math.inf):
             raise ValueError(f"{_OP}: spatial_scale must be a positive finite number, got {spatial_scale}")
         if points not in (1, 5) or isinstance(points, bool):
             raise ValueError(f"{_OP}: points must be 1 (the box center) or 5 (center and corners), got {points!r}")
