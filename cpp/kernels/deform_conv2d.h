@@ -18,6 +18,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/broadcast.h"
 #include "kernels/device.h"
 #include "kernels/float16.h"
@@ -209,10 +213,9 @@ OPBRIDGE_DEFINE_BLEND4(double)
 // at a time in 64-byte vectors (GCC's vector extensions: one zmm register in the AVX-512 clone, two ymm in the AVX2
 // one), whose sums and rounding (bf16_bits', lane by lane) the compiler would otherwise split into 32-byte halves
 // and pack: with C_in 64, the rounding had made this loop twice the float loop's time (2026-11-28, perf).
-[[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4(BFloat16* __restrict out, const float* __restrict r0,
-                                                           const float* __restrict r1, const float* __restrict r2,
-                                                           const float* __restrict r3, float w0, float w1, float w2,
-                                                           float w3, bool scaled, float scale, int64_t n) {
+[[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4_bf16_vectors(
+    BFloat16* __restrict out, const float* __restrict r0, const float* __restrict r1, const float* __restrict r2,
+    const float* __restrict r3, float w0, float w1, float w2, float w3, bool scaled, float scale, int64_t n) {
   using Floats = float __attribute__((vector_size(64)));
   using Words = uint32_t __attribute__((vector_size(64)));
   using Halves = uint16_t __attribute__((vector_size(32)));
@@ -237,6 +240,53 @@ OPBRIDGE_DEFINE_BLEND4(double)
     const float v = w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c];
     bits[c] = bf16_bits(scaled ? v * scale : v);
   }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+// The same with AVX512-BF16, whose vcvtneps2bf16 rounds 16 floats to nearest even in one instruction (the integer
+// rounding and the narrowing were most of the loop above). It reads subnormal inputs as zero and keeps a NaN's sign
+// and payload, where bf16_bits rounds subnormals and writes 0x7fc0: a vector holding either (vfpclassps) is rounded
+// lane by lane by bf16_bits instead, so the bits are bf16_bits' in every case.
+[[maybe_unused]] __attribute__((target("avx512f,avx512dq,avx512bf16"))) static void blend4_bf16_instructions(
+    BFloat16* __restrict out, const float* __restrict r0, const float* __restrict r1, const float* __restrict r2,
+    const float* __restrict r3, float w0, float w1, float w2, float w3, bool scaled, float scale, int64_t n) {
+  auto* bits = reinterpret_cast<uint16_t*>(out);
+  const __m512 v0 = _mm512_set1_ps(w0), v1 = _mm512_set1_ps(w1), v2 = _mm512_set1_ps(w2), v3 = _mm512_set1_ps(w3);
+  const __m512 by = _mm512_set1_ps(scale);
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    __m512 v = _mm512_add_ps(
+        _mm512_add_ps(_mm512_mul_ps(v0, _mm512_loadu_ps(r0 + c)), _mm512_mul_ps(v1, _mm512_loadu_ps(r1 + c))),
+        _mm512_mul_ps(v2, _mm512_loadu_ps(r2 + c)));
+    v = _mm512_add_ps(v, _mm512_mul_ps(v3, _mm512_loadu_ps(r3 + c)));
+    if (scaled) v = _mm512_mul_ps(v, by);
+    if (_mm512_fpclass_ps_mask(v, 0x01 | 0x20 | 0x80) != 0) {  // a quiet NaN, a subnormal, a signalling NaN
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, v);
+      for (int k = 0; k < 16; ++k) bits[c + k] = bf16_bits(lanes[k]);
+      continue;
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+  }
+  for (; c < n; ++c) {
+    const float v = w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c];
+    bits[c] = bf16_bits(scaled ? v * scale : v);
+  }
+}
+#endif
+
+// blend4 into bfloat16 columns, by what this CPU has (the same bits either way).
+[[maybe_unused]] static void blend4(BFloat16* __restrict out, const float* __restrict r0, const float* __restrict r1,
+                                    const float* __restrict r2, const float* __restrict r3, float w0, float w1,
+                                    float w2, float w3, bool scaled, float scale, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+  static const bool instructions = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512dq");
+  }();
+  if (instructions) return blend4_bf16_instructions(out, r0, r1, r2, r3, w0, w1, w2, w3, scaled, scale, n);
+#endif
+  blend4_bf16_vectors(out, r0, r1, r2, r3, w0, w1, w2, w3, scaled, scale, n);
 }
 
 // Deformable im2col of output pixels [first, first + count) of one image,

@@ -9,6 +9,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__SSE2__) && !defined(__CUDACC__)
+#include <emmintrin.h>
+#endif
+
 #include "kernels/device.h"
 
 namespace opbridge::kernels {
@@ -108,6 +112,49 @@ inline uint16_t bf16_bits(float v) {
 // to[i] = from[i] rounded to bfloat16: float32 results written out once, as bfloat16.
 inline void round_to_bf16(BFloat16* __restrict to, const float* __restrict from, int64_t n) {
   for (int64_t i = 0; i < n; ++i) to[i].bits = bf16_bits(from[i]);
+}
+
+// to[j * to_row + i] = from[i * from_row + j] for i < rows, j < cols: a transpose of 16-bit values (bfloat16 or
+// float16 bits), in 8 x 8 tiles of SSE2 registers (every x86-64 CPU has them; one element at a time elsewhere and
+// at the edges). deform_conv2d's bfloat16 products come out [pixels, channels] and go to [channels, pixels] rows:
+// one element at a time, with the strides as run-time values, this copy took 16 us of a 64 x 512 block's 110 us.
+inline void transpose_halves(const uint16_t* from, int64_t from_row, uint16_t* to, int64_t to_row, int64_t rows,
+                             int64_t cols) {
+  int64_t j0 = 0;
+#if defined(__SSE2__) && !defined(__CUDACC__)
+  // Eight destination rows at a time, each written from start to end: destination rows lie a plane apart (often a
+  // multiple of 4 KiB), so a tile order that touched every row at once kept evicting its own lines.
+  for (; j0 + 8 <= cols; j0 += 8) {
+    int64_t i0 = 0;
+    for (; i0 + 8 <= rows; i0 += 8) {
+      __m128i a[8];
+      for (int k = 0; k < 8; ++k) {
+        a[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + (i0 + k) * from_row + j0));
+      }
+      // Pairs of rows interleaved (16 bits), then pairs of pairs (32), then halves (64): column j of the tile.
+      const __m128i t0 = _mm_unpacklo_epi16(a[0], a[1]), t1 = _mm_unpackhi_epi16(a[0], a[1]);
+      const __m128i t2 = _mm_unpacklo_epi16(a[2], a[3]), t3 = _mm_unpackhi_epi16(a[2], a[3]);
+      const __m128i t4 = _mm_unpacklo_epi16(a[4], a[5]), t5 = _mm_unpackhi_epi16(a[4], a[5]);
+      const __m128i t6 = _mm_unpacklo_epi16(a[6], a[7]), t7 = _mm_unpackhi_epi16(a[6], a[7]);
+      const __m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
+      const __m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
+      const __m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
+      const __m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
+      const __m128i columns[8] = {_mm_unpacklo_epi64(u0, u4), _mm_unpackhi_epi64(u0, u4), _mm_unpacklo_epi64(u1, u5),
+                                  _mm_unpackhi_epi64(u1, u5), _mm_unpacklo_epi64(u2, u6), _mm_unpackhi_epi64(u2, u6),
+                                  _mm_unpacklo_epi64(u3, u7), _mm_unpackhi_epi64(u3, u7)};
+      for (int k = 0; k < 8; ++k) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(to + (j0 + k) * to_row + i0), columns[k]);
+      }
+    }
+    for (int64_t j = j0; j < j0 + 8; ++j) {
+      for (int64_t i = i0; i < rows; ++i) to[j * to_row + i] = from[i * from_row + j];
+    }
+  }
+#endif
+  for (int64_t j = j0; j < cols; ++j) {
+    for (int64_t i = 0; i < rows; ++i) to[j * to_row + i] = from[i * from_row + j];
+  }
 }
 
 }  // namespace opbridge::kernels

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -203,18 +204,31 @@ void test_blend4_bfloat16_rounds_the_float_blend() {
     }
     for (const bool scaled : {false, true}) {
       const float w[4] = {0.25f, 0.5f, 0.125f, 0.125f}, scale = scaled ? 0.5f : 1.0f;
-      std::vector<BFloat16> out(static_cast<size_t>(n));
-      opbridge::kernels::blend4(out.data(), rows[0].data(), rows[1].data(), rows[2].data(), rows[3].data(), w[0], w[1],
-                                w[2], w[3], scaled, scale, n);
-      bool same = true;
-      for (int64_t c = 0; c < n; ++c) {
-        const auto k = static_cast<size_t>(c);
-        float v = w[0] * rows[0][k] + w[1] * rows[1][k] + w[2] * rows[2][k] + w[3] * rows[3][k];
-        if (scaled) v = v * scale;
-        same = same && out[k].bits == opbridge::kernels::bf16_bits(v);
+      // Each implementation this build has (the AVX512-BF16 one where the CPU has the instructions), and blend4's
+      // choice.
+      using Blend = void (*)(BFloat16*, const float*, const float*, const float*, const float*, float, float, float,
+                             float, bool, float, int64_t);
+      std::vector<std::pair<const char*, Blend>> paths{{"blend4", static_cast<Blend>(&opbridge::kernels::blend4)},
+                                                       {"vectors", &opbridge::kernels::blend4_bf16_vectors}};
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+      if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512dq")) {
+        paths.emplace_back("instructions", &opbridge::kernels::blend4_bf16_instructions);
       }
-      expect(same, "blend4 into bfloat16 rounds the float blend to nearest even, n = " + std::to_string(n) +
-                       (scaled ? ", scaled" : ""));
+#endif
+      for (const auto& [name, blend] : paths) {
+        std::vector<BFloat16> out(static_cast<size_t>(n));
+        blend(out.data(), rows[0].data(), rows[1].data(), rows[2].data(), rows[3].data(), w[0], w[1], w[2], w[3],
+              scaled, scale, n);
+        bool same = true;
+        for (int64_t c = 0; c < n; ++c) {
+          const auto k = static_cast<size_t>(c);
+          float v = w[0] * rows[0][k] + w[1] * rows[1][k] + w[2] * rows[2][k] + w[3] * rows[3][k];
+          if (scaled) v = v * scale;
+          same = same && out[k].bits == opbridge::kernels::bf16_bits(v);
+        }
+        expect(same, std::string(name) + " into bfloat16 rounds the float blend to nearest even, n = " +
+                         std::to_string(n) + (scaled ? ", scaled" : ""));
+      }
     }
   }
 }

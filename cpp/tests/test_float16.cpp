@@ -193,9 +193,31 @@ void test_array_conversions() {
   expect(failures == 0, std::to_string(failures) + " array conversions differ from SoftFloat16's");
 }
 
+// transpose_halves against the definition, for sizes around its 8 x 8 tiles and strides past the sizes.
+void test_transpose_halves() {
+  for (const int64_t rows : {1, 7, 8, 9, 16, 23}) {
+    for (const int64_t cols : {1, 8, 13, 64}) {
+      const int64_t from_row = cols + 3, to_row = rows + 5;
+      std::vector<uint16_t> from(static_cast<size_t>(rows * from_row)), to(static_cast<size_t>(cols * to_row), 0);
+      for (size_t k = 0; k < from.size(); ++k) from[k] = static_cast<uint16_t>((k * 2654435761u) >> 7);
+      opbridge::kernels::transpose_halves(from.data(), from_row, to.data(), to_row, rows, cols);
+      bool same = true;
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) same = same && to[j * to_row + i] == from[i * from_row + j];
+      }
+      bool untouched = true;  // the gaps between destination rows stay as they were
+      for (int64_t j = 0; j < cols; ++j) {
+        for (int64_t i = rows; i < to_row; ++i) untouched = untouched && to[j * to_row + i] == 0;
+      }
+      expect(same && untouched, "transpose_halves " + std::to_string(rows) + " x " + std::to_string(cols));
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
+  test_transpose_halves();
   test_array_conversions();
   test_bfloat16();
   test_kernel_on_soft_halves();
