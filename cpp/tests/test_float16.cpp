@@ -210,6 +210,17 @@ void test_transpose_halves() {
         for (int64_t i = rows; i < to_row; ++i) untouched = untouched && to[j * to_row + i] == 0;
       }
       expect(same && untouched, "transpose_halves " + std::to_string(rows) + " x " + std::to_string(cols));
+      // bfloat16 bits to float: each value's float, BFloat16's own widening.
+      std::vector<float> wide(static_cast<size_t>(cols * to_row), 0.0f);
+      opbridge::kernels::transpose_halves(from.data(), from_row, wide.data(), to_row, rows, cols);
+      bool widened = true;
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) {
+          const float want = opbridge::kernels::BFloat16::to_float(from[i * from_row + j]);
+          widened = widened && std::memcmp(&wide[j * to_row + i], &want, sizeof want) == 0;
+        }
+      }
+      expect(widened, "transpose_halves to float " + std::to_string(rows) + " x " + std::to_string(cols));
     }
   }
 }
