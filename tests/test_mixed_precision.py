@@ -172,31 +172,42 @@ def _dcn_product_terms(x, offset, weight, bias, mask):
 
 
 _BF16_PATHS = """
-import sys, torch, opbridge
+import json, sys, torch, opbridge
 from opbridge.ops import deform_conv2d as m
+n, c, o, h, w, groups, offset_groups = json.loads(sys.argv[2])
 g = torch.Generator().manual_seed(7)
-x = torch.randn(2, 32, 11, 13, generator=g).bfloat16()
-offset = 2 * torch.randn(2, 2 * 2 * 9, 11, 13, generator=g)
-weight = (torch.randn(40, 16, 3, 3, generator=g) / 12).bfloat16()
-bias, mask = torch.randn(40, generator=g).bfloat16(), torch.rand(2, 2 * 9, 11, 13, generator=g)
+x = torch.randn(n, c, h, w, generator=g).bfloat16()
+offset = 2 * torch.randn(n, 2 * offset_groups * 9, h, w, generator=g)
+weight = (torch.randn(o, c // groups, 3, 3, generator=g) / 12).bfloat16()
+bias, mask = torch.randn(o, generator=g).bfloat16(), torch.rand(n, offset_groups * 9, h, w, generator=g)
 out = opbridge.deform_conv2d(x, offset, weight, bias, padding=(1, 1), mask=mask)
 wide = opbridge.deform_conv2d(x.float(), offset, weight.float(), bias.float(), padding=(1, 1), mask=mask)
 torch.save(dict(out=out, wide=wide, chosen=m.cpu_bf16_products(), inputs=(x, offset, weight, bias, mask)), sys.argv[1])
 """
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 32, 40, 11, 13, 2, 2),  # groups and offset groups of 2: 16 channels each, 20 outputs a group
+        (1, 21, 13, 9, 7, 1, 1),  # channels past a 16-channel vector, outputs and pixels past 8 x 8 tiles
+        (3, 3, 5, 4, 6, 1, 1),  # fewer channels and outputs than one vector or tile
+    ],
+    ids=["groups", "tails", "small"],
+)
 @pytest.mark.parametrize("products", ["0", "1"])
-def test_deform_conv2d_bfloat16_products_on_the_cpu_round_the_columns_once_more(products, tmp_path):
+def test_deform_conv2d_bfloat16_products_on_the_cpu_round_the_columns_once_more(products, shape, tmp_path):
     """OPBRIDGE_CPU_BF16_GEMM=0: the float32 path (bit for bit the float32 op on the widened values, rounded once);
     1 (the default on CPUs with AVX512-BF16): bfloat16 products, within one rounding more of each column. Both
-    paths run on any CPU (1 without the instructions is slow, not wrong); groups and offset groups of 2."""
+    paths run on any CPU (1 without the instructions is slow, not wrong)."""
+    import json
     import os
     import subprocess
     import sys
 
     saved = tmp_path / "out.pt"
     env = dict(os.environ, OPBRIDGE_CPU_BF16_GEMM=products)
-    subprocess.run([sys.executable, "-c", _BF16_PATHS, str(saved)], env=env, check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", _BF16_PATHS, str(saved), json.dumps(shape)], env=env, check=True, timeout=120)
     result = torch.load(saved)
     assert result["chosen"] == (products == "1")
     x, offset, weight, bias, mask = result["inputs"]
