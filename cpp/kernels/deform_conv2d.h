@@ -210,6 +210,7 @@ OPBRIDGE_DEFINE_BLEND4(float)
 OPBRIDGE_DEFINE_BLEND4(double)
 #undef OPBRIDGE_DEFINE_BLEND4
 
+#if !defined(__CUDACC__)  // the CPU's im2col only (nvcc's front end need not parse GCC's vector extensions here)
 // blend4 into bfloat16 columns: the float blend4's value, rounded once (deform_conv2d_bf16_products), 16 channels
 // at a time in 64-byte vectors (GCC's vector extensions: one zmm register in the AVX-512 clone, two ymm in the AVX2
 // one), whose sums and rounding (bf16_bits', lane by lane) the compiler would otherwise split into 32-byte halves
@@ -243,17 +244,21 @@ OPBRIDGE_DEFINE_BLEND4(double)
   }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-// The same with AVX512-BF16, whose vcvtneps2bf16 rounds 16 floats to nearest even in one instruction (the integer
-// rounding and the narrowing were most of the loop above). It reads subnormal inputs as zero and keeps a NaN's sign
-// and payload, where bf16_bits rounds subnormals and writes 0x7fc0: a vector holding either (vfpclassps) is rounded
-// lane by lane by bf16_bits instead, so the bits are bf16_bits' in every case.
-[[maybe_unused]] __attribute__((target("avx512f,avx512dq,avx512bf16"))) static void blend4_bf16_instructions(
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// The same on CPUs with AVX512-BF16, whose vcvtneps2bf16 rounds 16 floats to nearest even in one instruction (the
+// integer rounding and the narrowing were most of the loop above). It reads subnormal inputs as zero and keeps a
+// NaN's sign and payload, where bf16_bits rounds subnormals and writes 0x7fc0: a vector holding either (found from
+// its bits, whatever the CPU's denormal flags) is rounded lane by lane by bf16_bits instead, so the bits are
+// bf16_bits' in every case. The instruction is written as its bytes (EVEX 62 F2 7E 48 72 C0: vcvtneps2bf16 %zmm0,
+// %ymm0): the wheels' assembler (binutils of the manylinux toolchain) does not know its name.
+[[maybe_unused]] __attribute__((target("avx512f"))) static void blend4_bf16_instructions(
     BFloat16* __restrict out, const float* __restrict r0, const float* __restrict r1, const float* __restrict r2,
     const float* __restrict r3, float w0, float w1, float w2, float w3, bool scaled, float scale, int64_t n) {
   auto* bits = reinterpret_cast<uint16_t*>(out);
   const __m512 v0 = _mm512_set1_ps(w0), v1 = _mm512_set1_ps(w1), v2 = _mm512_set1_ps(w2), v3 = _mm512_set1_ps(w3);
   const __m512 by = _mm512_set1_ps(scale);
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
+  const __m512i largest_subnormal = _mm512_set1_epi32(0x007fffff), infinity = _mm512_set1_epi32(0x7f800000);
   int64_t c = 0;
   for (; c + 16 <= n; c += 16) {
     __m512 v = _mm512_add_ps(
@@ -261,13 +266,21 @@ OPBRIDGE_DEFINE_BLEND4(double)
         _mm512_mul_ps(v2, _mm512_loadu_ps(r2 + c)));
     v = _mm512_add_ps(v, _mm512_mul_ps(v3, _mm512_loadu_ps(r3 + c)));
     if (scaled) v = _mm512_mul_ps(v, by);
-    if (_mm512_fpclass_ps_mask(v, 0x01 | 0x20 | 0x80) != 0) {  // a quiet NaN, a subnormal, a signalling NaN
+    const __m512i x = _mm512_and_si512(_mm512_castps_si512(v), magnitude);
+    // A subnormal (|x| - 1 below 2^23 - 1, unsigned: zero wraps above) or a NaN (|x| above infinity's bits).
+    const __mmask16 special =
+        _mm512_cmple_epu32_mask(_mm512_sub_epi32(x, one), _mm512_sub_epi32(largest_subnormal, one)) |
+        _mm512_cmpgt_epu32_mask(x, infinity);
+    if (special != 0) {
       alignas(64) float lanes[16];
       _mm512_store_ps(lanes, v);
       for (int k = 0; k < 16; ++k) bits[c + k] = bf16_bits(lanes[k]);
       continue;
     }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+    register __m512 sums asm("zmm0") = v;
+    asm(".byte 0x62, 0xf2, 0x7e, 0x48, 0x72, 0xc0" : "+v"(sums));  // vcvtneps2bf16 %zmm0, %ymm0
+    const __m512 rounded = sums;
+    std::memcpy(bits + c, &rounded, 32);  // the low 256 bits: 16 bfloat16 (GCC 12 warns on _mm512_castsi512_si256)
   }
   for (; c < n; ++c) {
     const float v = w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c];
@@ -280,15 +293,16 @@ OPBRIDGE_DEFINE_BLEND4(double)
 [[maybe_unused]] static void blend4(BFloat16* __restrict out, const float* __restrict r0, const float* __restrict r1,
                                     const float* __restrict r2, const float* __restrict r3, float w0, float w1,
                                     float w2, float w3, bool scaled, float scale, int64_t n) {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   static const bool instructions = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512dq");
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f");
   }();
   if (instructions) return blend4_bf16_instructions(out, r0, r1, r2, r3, w0, w1, w2, w3, scaled, scale, n);
 #endif
   blend4_bf16_vectors(out, r0, r1, r2, r3, w0, w1, w2, w3, scaled, scale, n);
 }
+#endif  // !defined(__CUDACC__)
 
 // Deformable im2col of output pixels [first, first + count) of one image,
 // pixel-major: columns[q * ld + (g * K + k) * C_g + ci] is input channel

@@ -1226,8 +1226,8 @@ void ms_deform_attn_backward(const T* grad_out, const T* value, const int64_t* s
   }
 }
 
-#pragma GCC diagnostic pop
-
 #endif  // !defined(OPBRIDGE_ISA_NAMESPACE)
+
+#pragma GCC diagnostic pop
 
 }  // namespace opbridge::kernels

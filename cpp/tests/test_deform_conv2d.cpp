@@ -184,23 +184,31 @@ void test_deform_conv2d_backward_finite_differences() {
 
 // The bfloat16 columns' blend (16 channels a vector) gives, channel by channel, the float blend rounded to nearest
 // even (bf16_bits): every length around the vector width, with and without the mask's scale, on values whose sums
-// fall on ties, past the largest bfloat16, NaN (a quiet NaN), infinities and subnormals.
+// fall on ties, round past the largest finite bfloat16 to infinity, are infinite or zero (channels 0-15 and from
+// 32 on: vectors the AVX512-BF16 path rounds by vcvtneps2bf16), and NaN or subnormal (channels 16-31: the vector
+// it rounds lane by lane instead).
 void test_blend4_bfloat16_rounds_the_float_blend() {
   using opbridge::kernels::BFloat16;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-2, 2);
-  const float specials[] = {1.00390625f,  // 1 + 2^-8: a tie between two bfloat16 values
-                            1.01171875f, 3.3895314e38f, std::nanf(""), INFINITY, -INFINITY, 1e-40f, -0.0f};
+  const float plain[] = {1.00390625f,    // 1 + 2^-8: a tie, to the even 1
+                         1.01171875f,    // 1 + 3 * 2^-8: a tie, to the even 1 + 2^-6
+                         3.4028235e38f,  // the largest float: to infinity
+                         3.3895314e38f,  // the largest finite bfloat16
+                         INFINITY,      -INFINITY, -0.0f, -1.01171875f};
+  const float fallback[] = {std::nanf(""),  1e-40f, -1e-40f, 1.1754942e-38f /* largest subnormal */,
+                            -std::nanf(""), 1.0f,   1e-45f,  2.0f};
   for (const int64_t n : {1, 15, 16, 17, 31, 32, 33, 64, 70}) {
     std::vector<float> rows[4];
     for (auto& row : rows) {
       row.resize(static_cast<size_t>(n));
       for (auto& v : row) v = uniform(rng);
     }
-    // Every row the same special value: the weights sum to 1 and scale by powers of two, so the blend is exactly
-    // that value (times the scale), ties included (1 + 3 * 2^-8 lies halfway between two bfloat16 values).
+    // Every row the same special value: the weights sum to 1 and scale by powers of two, so the blend is that value
+    // (times the scale) where the sums are exact, ties included.
     for (int64_t c = 0; c < n; c += 2) {
-      for (auto& row : rows) row[static_cast<size_t>(c)] = specials[(c / 2) % 8];
+      const float value = c >= 16 && c < 32 ? fallback[(c / 2) % 8] : plain[(c / 2) % 8];
+      for (auto& row : rows) row[static_cast<size_t>(c)] = value;
     }
     for (const bool scaled : {false, true}) {
       const float w[4] = {0.25f, 0.5f, 0.125f, 0.125f}, scale = scaled ? 0.5f : 1.0f;
