@@ -6,6 +6,7 @@ devices, and the command line answers --help on stdout, fast, and lists valid va
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -401,3 +402,23 @@ def test_session_options_that_already_carry_the_library(tmp_path):
     session = opbridge_ort.InferenceSession(my_add_model(np.float32, [2], [2]), opbridge_ort.session_options(options))
     (c,) = session.run(None, {"A": np.ones(2, np.float32), "B": np.ones(2, np.float32)})
     assert (c == 3).all()
+
+
+def test_bench_quiets_openblas_idle_spinning(monkeypatch):
+    """`python -m opbridge bench` runs with OPENBLAS_THREAD_TIMEOUT set (OpenBLAS's idle workers otherwise spin about
+    0.1 s after a two-thread call and slow the next timed path): numpy, and so its OpenBLAS, is loaded here, so main
+    starts again with the variable set instead of running the benchmarks in this process."""
+    import opbridge.__main__ as cli
+
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
+    started = []
+
+    def execv(path, args):
+        started.append((path, args, os.environ.get("OPENBLAS_THREAD_TIMEOUT")))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli.os, "execv", execv)
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--ops", "my_add", "--repeat", "1"])
+    assert started == [(sys.executable, [sys.executable, "-m", "opbridge", "bench", "--ops", "my_add", "--repeat", "1"],
+                        cli.OPENBLAS_THREAD_TIMEOUT)]  # fmt: skip

@@ -196,15 +196,33 @@ OPBRIDGE_HD inline void deform_conv2d_position(const DeformConv2dShape& s, I oy,
 #define OPBRIDGE_VECTOR_CLONES
 #endif
 
-#define OPBRIDGE_DEFINE_BLEND4(T)                                                                           \
-  [[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4(                                               \
-      T* __restrict out, const T* __restrict r0, const T* __restrict r1, const T* __restrict r2,            \
-      const T* __restrict r3, T w0, T w1, T w2, T w3, bool scaled, T scale, int64_t n) {                    \
-    if (scaled) {                                                                                           \
-      for (int64_t c = 0; c < n; ++c) out[c] = (w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c]) * scale; \
-    } else {                                                                                                \
-      for (int64_t c = 0; c < n; ++c) out[c] = w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c];           \
-    }                                                                                                       \
+// blend4_pixels: the blends of n pixels of one tap in one call (the per-call cost of a dispatched function had
+// been a fifth of the blend's time at 64 channels): pixel q's four rows are rows[4 q + k] + channel (k =
+// top-left, top-right, bottom-left, bottom-right), its weights w0[q]..w3[q], its scale scales[q] (scales null: none),
+// and its count channels go to out + q * stride.
+#define OPBRIDGE_DEFINE_BLEND4(T)                                                                                   \
+  [[gnu::always_inline]] inline void blend4_body(T* __restrict out, const T* __restrict r0, const T* __restrict r1, \
+                                                 const T* __restrict r2, const T* __restrict r3, T w0, T w1, T w2,  \
+                                                 T w3, bool scaled, T scale, int64_t n) {                           \
+    if (scaled) {                                                                                                   \
+      for (int64_t c = 0; c < n; ++c) out[c] = (w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c]) * scale;         \
+    } else {                                                                                                        \
+      for (int64_t c = 0; c < n; ++c) out[c] = w0 * r0[c] + w1 * r1[c] + w2 * r2[c] + w3 * r3[c];                   \
+    }                                                                                                               \
+  }                                                                                                                 \
+  [[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4(                                                       \
+      T* __restrict out, const T* __restrict r0, const T* __restrict r1, const T* __restrict r2,                    \
+      const T* __restrict r3, T w0, T w1, T w2, T w3, bool scaled, T scale, int64_t n) {                            \
+    blend4_body(out, r0, r1, r2, r3, w0, w1, w2, w3, scaled, scale, n);                                             \
+  }                                                                                                                 \
+  [[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4_pixels(                                                \
+      T* out, int64_t stride, const T* const* rows, int64_t channel, const T* w0, const T* w1, const T* w2,         \
+      const T* w3, const T* scales, int n, int64_t count) {                                                         \
+    for (int q = 0; q < n; ++q) {                                                                                   \
+      const T* const* r = rows + 4 * q;                                                                             \
+      blend4_body(out + q * stride, r[0] + channel, r[1] + channel, r[2] + channel, r[3] + channel, w0[q], w1[q],   \
+                  w2[q], w3[q], scales != nullptr, scales != nullptr ? scales[q] : T(1), count);                    \
+    }                                                                                                               \
   }
 OPBRIDGE_DEFINE_BLEND4(float)
 OPBRIDGE_DEFINE_BLEND4(double)
@@ -215,9 +233,10 @@ OPBRIDGE_DEFINE_BLEND4(double)
 // at a time in 64-byte vectors (GCC's vector extensions: one zmm register in the AVX-512 clone, two ymm in the AVX2
 // one), whose sums and rounding (bf16_bits', lane by lane) the compiler would otherwise split into 32-byte halves
 // and pack: with C_in 64, the rounding had made this loop twice the float loop's time (2026-11-28, perf).
-[[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4_bf16_vectors(
-    BFloat16* __restrict out, const float* __restrict r0, const float* __restrict r1, const float* __restrict r2,
-    const float* __restrict r3, float w0, float w1, float w2, float w3, bool scaled, float scale, int64_t n) {
+[[gnu::always_inline]] inline void blend4_bf16_vectors_body(BFloat16* __restrict out, const float* __restrict r0,
+                                                            const float* __restrict r1, const float* __restrict r2,
+                                                            const float* __restrict r3, float w0, float w1, float w2,
+                                                            float w3, bool scaled, float scale, int64_t n) {
   using Floats = float __attribute__((vector_size(64)));
   using Words = uint32_t __attribute__((vector_size(64)));
   using Halves = uint16_t __attribute__((vector_size(32)));
@@ -244,6 +263,21 @@ OPBRIDGE_DEFINE_BLEND4(double)
   }
 }
 
+[[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4_bf16_vectors(
+    BFloat16* __restrict out, const float* __restrict r0, const float* __restrict r1, const float* __restrict r2,
+    const float* __restrict r3, float w0, float w1, float w2, float w3, bool scaled, float scale, int64_t n) {
+  blend4_bf16_vectors_body(out, r0, r1, r2, r3, w0, w1, w2, w3, scaled, scale, n);
+}
+[[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void blend4_bf16_vectors_pixels(
+    BFloat16* out, int64_t stride, const float* const* rows, int64_t channel, const float* w0, const float* w1,
+    const float* w2, const float* w3, const float* scales, int n, int64_t count) {
+  for (int q = 0; q < n; ++q) {
+    const float* const* r = rows + 4 * q;
+    blend4_bf16_vectors_body(out + q * stride, r[0] + channel, r[1] + channel, r[2] + channel, r[3] + channel, w0[q],
+                             w1[q], w2[q], w3[q], scales != nullptr, scales != nullptr ? scales[q] : 1.0f, count);
+  }
+}
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 // The same on CPUs with AVX512-BF16, whose vcvtneps2bf16 rounds 16 floats to nearest even in one instruction (the
 // integer rounding and the narrowing were most of the loop above). It reads subnormal inputs as zero and keeps a
@@ -251,7 +285,7 @@ OPBRIDGE_DEFINE_BLEND4(double)
 // its bits, whatever the CPU's denormal flags) is rounded lane by lane by bf16_bits instead, so the bits are
 // bf16_bits' in every case. The instruction is written as its bytes (EVEX 62 F2 7E 48 72 C0: vcvtneps2bf16 %zmm0,
 // %ymm0): the wheels' assembler (binutils of the manylinux toolchain) does not know its name.
-[[maybe_unused]] __attribute__((target("avx512f"))) static void blend4_bf16_instructions(
+[[gnu::always_inline]] __attribute__((target("avx512f"))) inline void blend4_bf16_instructions_body(
     BFloat16* __restrict out, const float* __restrict r0, const float* __restrict r1, const float* __restrict r2,
     const float* __restrict r3, float w0, float w1, float w2, float w3, bool scaled, float scale, int64_t n) {
   auto* bits = reinterpret_cast<uint16_t*>(out);
@@ -287,20 +321,56 @@ OPBRIDGE_DEFINE_BLEND4(double)
     bits[c] = bf16_bits(scaled ? v * scale : v);
   }
 }
+[[maybe_unused]] __attribute__((target("avx512f"))) static void blend4_bf16_instructions(
+    BFloat16* __restrict out, const float* __restrict r0, const float* __restrict r1, const float* __restrict r2,
+    const float* __restrict r3, float w0, float w1, float w2, float w3, bool scaled, float scale, int64_t n) {
+  blend4_bf16_instructions_body(out, r0, r1, r2, r3, w0, w1, w2, w3, scaled, scale, n);
+}
+[[maybe_unused]] __attribute__((target("avx512f"))) static void blend4_bf16_instructions_pixels(
+    BFloat16* out, int64_t stride, const float* const* rows, int64_t channel, const float* w0, const float* w1,
+    const float* w2, const float* w3, const float* scales, int n, int64_t count) {
+  for (int q = 0; q < n; ++q) {
+    const float* const* r = rows + 4 * q;
+    blend4_bf16_instructions_body(out + q * stride, r[0] + channel, r[1] + channel, r[2] + channel, r[3] + channel,
+                                  w0[q], w1[q], w2[q], w3[q], scales != nullptr, scales != nullptr ? scales[q] : 1.0f,
+                                  count);
+  }
+}
 #endif
+
+// Whether this CPU has AVX512-BF16 (vcvtneps2bf16), checked once.
+inline bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
 
 // blend4 into bfloat16 columns, by what this CPU has (the same bits either way).
 [[maybe_unused]] static void blend4(BFloat16* __restrict out, const float* __restrict r0, const float* __restrict r1,
                                     const float* __restrict r2, const float* __restrict r3, float w0, float w1,
                                     float w2, float w3, bool scaled, float scale, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  static const bool instructions = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f");
-  }();
-  if (instructions) return blend4_bf16_instructions(out, r0, r1, r2, r3, w0, w1, w2, w3, scaled, scale, n);
+  if (cpu_has_avx512_bf16()) return blend4_bf16_instructions(out, r0, r1, r2, r3, w0, w1, w2, w3, scaled, scale, n);
 #endif
   blend4_bf16_vectors(out, r0, r1, r2, r3, w0, w1, w2, w3, scaled, scale, n);
+}
+
+// blend4_pixels into bfloat16 columns, by what this CPU has.
+[[maybe_unused]] static void blend4_pixels(BFloat16* out, int64_t stride, const float* const* rows, int64_t channel,
+                                           const float* w0, const float* w1, const float* w2, const float* w3,
+                                           const float* scales, int n, int64_t count) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (cpu_has_avx512_bf16()) {
+    return blend4_bf16_instructions_pixels(out, stride, rows, channel, w0, w1, w2, w3, scales, n, count);
+  }
+#endif
+  blend4_bf16_vectors_pixels(out, stride, rows, channel, w0, w1, w2, w3, scales, n, count);
 }
 #endif  // !defined(__CUDACC__)
 
@@ -312,10 +382,12 @@ OPBRIDGE_DEFINE_BLEND4(double)
 // position are four contiguous rows of channels; `zeros` is C_in zeros, the row
 // of a neighbour outside the image (which counts as zero, as in torchvision).
 // The position and weights are computed once per pixel, tap and offset group,
-// and shared by the group's channels.
+// and shared by the group's channels. This is the plain loop, one pixel and tap
+// at a time: deformable_im2col_block computes the same values with the positions
+// in vectors, and falls back to this one where coordinates exceed 32 bits.
 template <class T, class C = T>
-void deformable_im2col_block(const T* input_hwc, const T* zeros, const T* offset, const T* mask,
-                             const DeformConv2dShape& s, int64_t first, int64_t count, C* columns, int64_t ld) {
+void deformable_im2col_block_scalar(const T* input_hwc, const T* zeros, const T* offset, const T* mask,
+                                    const DeformConv2dShape& s, int64_t first, int64_t count, C* columns, int64_t ld) {
   const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, channels = s.in_channels;
   const int64_t per_offset_group = channels / s.offset_groups, per_group = channels / s.groups;
   for (int64_t q = 0; q < count; ++q) {
@@ -355,6 +427,139 @@ void deformable_im2col_block(const T* input_hwc, const T* zeros, const T* offset
       }
     }
   }
+}
+
+#if !defined(__CUDACC__)
+// One kernel tap's bilinear samples for n output pixels, in vectors across the pixels (the scalar loop's branches
+// as selects): the sample position is (base_y[q] + add_y + dy[q], base_x[q] + add_x + dx[q]) (the integer part
+// summed exactly, as deform_conv2d_position does), its cell's top-left corner (y_low[q], x_low[q]) and the four
+// corners' weights w0..w3 (hy hx, hy lx, ly hx, ly lx), all as in deformable_im2col_block_scalar; corners[q] has bit
+// k set where corner k (top-left, top-right, bottom-left, bottom-right) lies in the image. A position outside
+// (-1, height) x (-1, width), or NaN, gets no corners and zero weights. Coordinates fit in 32 bits (checked by the
+// caller).
+// GCC keeps branches around float comparisons and conversions while the program may observe floating-point
+// exceptions (-ftrapping-math, the default): this function's loop is vectorized only without (the values are the
+// same: no exception is looked at, and every conversion is of a value in range).
+#if defined(__GNUC__) && !defined(__clang__)
+#define OPBRIDGE_NO_TRAPPING_MATH __attribute__((optimize("no-trapping-math")))
+#else
+#define OPBRIDGE_NO_TRAPPING_MATH
+#endif
+#define OPBRIDGE_DEFINE_TAP_SAMPLES(T)                                                                              \
+  [[maybe_unused]] OPBRIDGE_VECTOR_CLONES OPBRIDGE_NO_TRAPPING_MATH static void tap_samples(                        \
+      const T* __restrict dy, const T* __restrict dx, const int32_t* __restrict base_y,                             \
+      const int32_t* __restrict base_x, int32_t add_y, int32_t add_x, int32_t height, int32_t width, int n,         \
+      T* __restrict w0, T* __restrict w1, T* __restrict w2, T* __restrict w3, int32_t* __restrict y_low,            \
+      int32_t* __restrict x_low, int32_t* __restrict corners) {                                                     \
+    for (int q = 0; q < n; ++q) {                                                                                   \
+      const T y = T(base_y[q] + add_y) + dy[q], x = T(base_x[q] + add_x) + dx[q];                                   \
+      const bool inside = (y > T(-1)) & (y < T(height)) & (x > T(-1)) & (x < T(width));                             \
+      const T ys = inside ? y : T(0), xs = inside ? x : T(0); /* in range before the conversions */                 \
+      /* floor() of a value in (-1, size): truncation, minus one below zero (no branch: vectorized) */              \
+      const int32_t yl = static_cast<int32_t>(ys) - (ys < T(0)), xl = static_cast<int32_t>(xs) - (xs < T(0));       \
+      const T ly = ys - T(yl), lx = xs - T(xl), hy = T(1) - ly, hx = T(1) - lx;                                     \
+      w0[q] = inside ? hy * hx : T(0), w1[q] = inside ? hy * lx : T(0);                                             \
+      w2[q] = inside ? ly * hx : T(0), w3[q] = inside ? ly * lx : T(0);                                             \
+      y_low[q] = yl, x_low[q] = xl;                                                                                 \
+      const int32_t top = yl >= 0, bottom = yl + 1 < height, left = xl >= 0, right = xl + 1 < width;                \
+      corners[q] = inside ? ((top & left) | (top & right) << 1 | (bottom & left) << 2 | (bottom & right) << 3) : 0; \
+    }                                                                                                               \
+  }
+OPBRIDGE_DEFINE_TAP_SAMPLES(float)
+OPBRIDGE_DEFINE_TAP_SAMPLES(double)
+#undef OPBRIDGE_DEFINE_TAP_SAMPLES
+#undef OPBRIDGE_NO_TRAPPING_MATH
+#endif  // !defined(__CUDACC__)
+
+// Whether every coordinate deformable_im2col_block forms fits in 32 bits: the tap positions' integer parts (first
+// output pixel's minus the padding, last one's plus the kernel's extent) and the image's size.
+inline bool deform_conv2d_coordinates_fit_int32(const DeformConv2dShape& s) {
+  constexpr int64_t limit = int64_t(1) << 30;  // margin for the sums of two such values
+  const auto fits = [&](int64_t out, int64_t stride, int64_t pad, int64_t kernel, int64_t dilation, int64_t size) {
+    return out <= limit && stride <= limit && pad <= limit && kernel <= limit && dilation <= limit && size < limit &&
+           (out - 1) * stride + (kernel - 1) * dilation < limit;
+  };
+  return fits(s.out_h, s.stride_h, s.pad_top, s.kernel_h, s.dilation_h, s.height) &&
+         fits(s.out_w, s.stride_w, s.pad_left, s.kernel_w, s.dilation_w, s.width);
+}
+
+// Deformable im2col of output pixels [first, first + count) of one image,
+// pixel-major: columns[q * ld + (g * K + k) * C_g + ci] is input channel
+// g * C_g + ci (weight group g, C_g channels per group) sampled at kernel tap k
+// for pixel first + q, times the mask when given. `input_hwc` is the image
+// channels-last ([H * W, C_in]) so that the four bilinear neighbours of a
+// position are four contiguous rows of channels; `zeros` is C_in zeros, the row
+// of a neighbour outside the image (which counts as zero, as in torchvision).
+// Pixels go in chunks of 16: for each offset group and tap, tap_samples computes
+// the chunk's positions and weights in vectors, then each pixel's four rows are
+// blended into its columns. The same values as deformable_im2col_block_scalar,
+// bit for bit (which it runs where coordinates exceed 32 bits).
+template <class T, class C = T>
+void deformable_im2col_block(const T* input_hwc, const T* zeros, const T* offset, const T* mask,
+                             const DeformConv2dShape& s, int64_t first, int64_t count, C* columns, int64_t ld) {
+#if defined(__CUDACC__)
+  deformable_im2col_block_scalar(input_hwc, zeros, offset, mask, s, first, count, columns, ld);
+#else
+  if (!deform_conv2d_coordinates_fit_int32(s)) {
+    deformable_im2col_block_scalar(input_hwc, zeros, offset, mask, s, first, count, columns, ld);
+    return;
+  }
+  constexpr int kChunk = 16;
+  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, channels = s.in_channels;
+  const int64_t per_offset_group = channels / s.offset_groups, per_group = channels / s.groups;
+  const auto height = static_cast<int32_t>(s.height), width = static_cast<int32_t>(s.width);
+  alignas(64) int32_t base_y[kChunk], base_x[kChunk], y_low[kChunk], x_low[kChunk], corners[kChunk];
+  alignas(64) T w[4][kChunk];
+  const T* rows[4 * kChunk];
+  const bool scaled = mask != nullptr;
+  // Each offset group's channels, split where a weight group ends: [first channel, count, column offset at tap 0),
+  // segments [starts[og], starts[og + 1]) of offset group og.
+  struct Segment {
+    int64_t channel, count, column;
+  };
+  std::vector<Segment> segments;
+  std::vector<size_t> starts{0};
+  for (int64_t og = 0; og < s.offset_groups; ++og) {
+    for (int64_t c = og * per_offset_group, end = c + per_offset_group; c < end;) {
+      const int64_t g = c / per_group, stop = std::min(end, (g + 1) * per_group);
+      segments.push_back({c, stop - c, g * taps * per_group + (c - g * per_group)});
+      c = stop;
+    }
+    starts.push_back(segments.size());
+  }
+  for (int64_t q0 = 0; q0 < count; q0 += kChunk) {
+    const int n = static_cast<int>(std::min<int64_t>(kChunk, count - q0));
+    for (int64_t q = 0, oy = (first + q0) / s.out_w, ox = (first + q0) % s.out_w; q < n; ++q) {
+      base_y[q] = static_cast<int32_t>(oy * s.stride_h - s.pad_top);
+      base_x[q] = static_cast<int32_t>(ox * s.stride_w - s.pad_left);
+      if (++ox == s.out_w) ox = 0, ++oy;
+    }
+    for (int64_t og = 0; og < s.offset_groups; ++og) {
+      for (int64_t tap = 0; tap < taps; ++tap) {
+        const auto i = static_cast<int32_t>(tap / s.kernel_w), j = static_cast<int32_t>(tap % s.kernel_w);
+        const T* dy = offset + (og * taps + tap) * 2 * pixels + first + q0;
+        tap_samples(dy, dy + pixels, base_y, base_x, i * static_cast<int32_t>(s.dilation_h),
+                    j * static_cast<int32_t>(s.dilation_w), height, width, n, w[0], w[1], w[2], w[3], y_low, x_low,
+                    corners);
+        const T* scales = scaled ? mask + (og * taps + tap) * pixels + first + q0 : nullptr;
+        for (int q = 0; q < n; ++q) {
+          // Rows are formed only for corners in the image (the others read the zero row).
+          const T* base = input_hwc + (static_cast<int64_t>(y_low[q]) * s.width + x_low[q]) * channels;
+          const int32_t inside = corners[q];
+          rows[4 * q] = inside & 1 ? base : zeros;
+          rows[4 * q + 1] = inside & 2 ? base + channels : zeros;
+          rows[4 * q + 2] = inside & 4 ? base + s.width * channels : zeros;
+          rows[4 * q + 3] = inside & 8 ? base + (s.width + 1) * channels : zeros;
+        }
+        C* out = columns + q0 * ld + tap * per_group;
+        for (size_t k = starts[og]; k < starts[og + 1]; ++k) {
+          const Segment& g = segments[k];
+          blend4_pixels(out + g.column, ld, rows, g.channel, w[0], w[1], w[2], w[3], scales, n, g.count);
+        }
+      }
+    }
+  }
+#endif
 }
 
 // x . y in 16 independent lanes (so that the compiler vectorizes it without

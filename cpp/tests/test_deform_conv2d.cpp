@@ -2,6 +2,7 @@
 // its shape checks.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -218,9 +219,24 @@ void test_blend4_bfloat16_rounds_the_float_blend() {
                              float, bool, float, int64_t);
       std::vector<std::pair<const char*, Blend>> paths{{"blend4", static_cast<Blend>(&opbridge::kernels::blend4)},
                                                        {"vectors", &opbridge::kernels::blend4_bf16_vectors}};
+      // The one-call-per-tap forms im2col runs, for one pixel (rows and weights as arrays).
+      paths.emplace_back("vectors, per tap",
+                         [](BFloat16* out, const float* r0, const float* r1, const float* r2, const float* r3, float w0,
+                            float w1, float w2, float w3, bool scaled, float scale, int64_t n) {
+                           const float* rows[4] = {r0, r1, r2, r3};
+                           opbridge::kernels::blend4_bf16_vectors_pixels(out, 0, rows, 0, &w0, &w1, &w2, &w3,
+                                                                         scaled ? &scale : nullptr, 1, n);
+                         });
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
       if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512dq")) {
         paths.emplace_back("instructions", &opbridge::kernels::blend4_bf16_instructions);
+        paths.emplace_back("instructions, per tap",
+                           [](BFloat16* out, const float* r0, const float* r1, const float* r2, const float* r3,
+                              float w0, float w1, float w2, float w3, bool scaled, float scale, int64_t n) {
+                             const float* rows[4] = {r0, r1, r2, r3};
+                             opbridge::kernels::blend4_bf16_instructions_pixels(out, 0, rows, 0, &w0, &w1, &w2, &w3,
+                                                                                scaled ? &scale : nullptr, 1, n);
+                           });
       }
 #endif
       for (const auto& [name, blend] : paths) {
@@ -241,9 +257,59 @@ void test_blend4_bfloat16_rounds_the_float_blend() {
   }
 }
 
+// deformable_im2col_block (positions in vectors across 16-pixel chunks) against deformable_im2col_block_scalar (one
+// pixel and tap at a time), bit for bit, into float, double and bfloat16 columns: groups and offset groups, strides,
+// padding and dilation, blocks that start and end inside a chunk and an output row, and offsets that put samples
+// on cell edges, on -1 and the image's far edge exactly, just inside and outside them, far outside, at +-inf and NaN.
+template <class T, class C>
+void im2col_vectors_match_the_scalar_loop(const char* what) {
+  using namespace opbridge::kernels;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> small(1, 3), size(1, 9), coin(0, 1);
+  std::normal_distribution<T> normal(T(0), T(2));
+  const T specials[] = {T(-1),  T(0),    T(1),        T(-0.5),      T(3),   T(-1) + T(1e-6), T(-1) - T(1e-6),
+                        T(100), -T(100), T(INFINITY), -T(INFINITY), T(NAN), T(2.5),          T(-2)};
+  int checked = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    DeformConv2dShape s;
+    s.groups = small(rng), s.offset_groups = small(rng);
+    s.in_channels = s.groups * s.offset_groups * small(rng) * (coin(rng) ? 1 : 7);
+    s.height = size(rng), s.width = size(rng), s.kernel_h = small(rng), s.kernel_w = small(rng);
+    s.stride_h = small(rng) % 2 + 1, s.stride_w = small(rng) % 2 + 1;
+    s.dilation_h = small(rng) % 2 + 1, s.dilation_w = small(rng) % 2 + 1;
+    s.pad_top = small(rng) - 1, s.pad_left = small(rng) - 1, s.pad_bottom = small(rng) - 1, s.pad_right = 0;
+    const int64_t span_h = s.height + s.pad_top + s.pad_bottom - (s.dilation_h * (s.kernel_h - 1) + 1);
+    const int64_t span_w = s.width + s.pad_left + s.pad_right - (s.dilation_w * (s.kernel_w - 1) + 1);
+    if (span_h < 0 || span_w < 0) continue;
+    s.out_h = span_h / s.stride_h + 1, s.out_w = span_w / s.stride_w + 1;
+    s.has_mask = coin(rng) != 0;
+    const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, ld = s.in_channels * taps;
+    std::vector<T> input(static_cast<size_t>(s.height * s.width * s.in_channels)), zeros(s.in_channels, T(0));
+    for (auto& v : input) v = normal(rng);
+    std::vector<T> offset(static_cast<size_t>(2 * s.offset_groups * taps * pixels));
+    std::uniform_int_distribution<size_t> pick(0, std::size(specials) - 1);
+    for (auto& v : offset) v = coin(rng) ? specials[pick(rng)] : normal(rng);
+    std::vector<T> mask(static_cast<size_t>(s.offset_groups * taps * pixels));
+    for (auto& v : mask) v = normal(rng);
+    const int64_t first = std::uniform_int_distribution<int64_t>(0, pixels - 1)(rng);
+    const int64_t count = std::uniform_int_distribution<int64_t>(1, pixels - first)(rng);
+    std::vector<C> vectors(static_cast<size_t>(count * ld)), scalar(vectors.size());
+    const T* m = s.has_mask ? mask.data() : nullptr;
+    deformable_im2col_block(input.data(), zeros.data(), offset.data(), m, s, first, count, vectors.data(), ld);
+    deformable_im2col_block_scalar(input.data(), zeros.data(), offset.data(), m, s, first, count, scalar.data(), ld);
+    expect(std::memcmp(vectors.data(), scalar.data(), sizeof(C) * vectors.size()) == 0,
+           std::string(what) + ": im2col in vectors gives the scalar loop's bits, trial " + std::to_string(trial));
+    ++checked;
+  }
+  expect(checked > 100, std::string(what) + ": enough im2col shapes were valid");
+}
+
 }  // namespace
 
 int main() {
+  im2col_vectors_match_the_scalar_loop<float, float>("float");
+  im2col_vectors_match_the_scalar_loop<double, double>("double");
+  im2col_vectors_match_the_scalar_loop<float, opbridge::kernels::BFloat16>("bfloat16 columns");
   test_blend4_bfloat16_rounds_the_float_blend();
   test_deform_conv2d_huge_attributes();
   test_deform_conv2d_direct();

@@ -5,11 +5,19 @@ heavy is imported; ``--help`` prints to stdout and exits 0."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 MODULES = {"parity": "opbridge.tools.parity", "inspect": "opbridge_ort.inspect", "bench": "opbridge.tools.bench",
            "ops": "opbridge.tools.catalog", "coverage": "opbridge.tools.coverage",
            "models": "opbridge.tools.models"}  # fmt: skip
+
+
+#: Under ``bench``: cycles (a power of two) an idle OpenBLAS worker spins before it sleeps. By default 2^28, about
+#: 0.1 s, so a path timed after the baseline's two-thread OpenBLAS GEMM found one of the two cores busy (a 6 ms
+#: deform_conv2d forward took 22 ms right after it; the bench's 0.05 s settle did not cover it). 2^20 cycles is well
+#: under a millisecond, and still longer than the gaps between a timed path's back-to-back calls.
+OPENBLAS_THREAD_TIMEOUT = "20"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     command, arguments = argv[0], argv[1:]
     if command in PARSERS:
         PARSERS[command]().parse_args(arguments)  # parse errors and --help before the heavy imports
+    if command == "bench" and "OPENBLAS_THREAD_TIMEOUT" not in os.environ:
+        # OpenBLAS reads it when it loads: where numpy (and with it numpy's OpenBLAS) is loaded already, start again.
+        os.environ["OPENBLAS_THREAD_TIMEOUT"] = OPENBLAS_THREAD_TIMEOUT
+        if "numpy" in sys.modules:
+            os.execv(sys.executable, [sys.executable, "-m", "opbridge", *argv])
     module = importlib.import_module(MODULES[command])
     return module.main(arguments)
 
