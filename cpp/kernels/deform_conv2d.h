@@ -22,6 +22,9 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #include <immintrin.h>
 #endif
+#if defined(__SSE2__) && !defined(__CUDACC__)
+#include <emmintrin.h>
+#endif
 
 #include "kernels/broadcast.h"
 #include "kernels/device.h"
@@ -607,6 +610,35 @@ void transpose_to_channels_last(const S* source, T* target, int64_t channels, in
   }
 }
 
+// to[j * to_row + i] = from[i * from_row + j] for i < rows, j < cols: a transpose of floats, in 4 x 4 tiles of SSE
+// registers, four destination rows at a time (one element at a time elsewhere and at the edges). deform_conv2d's
+// channels-last copy of a float32 input: transpose_to_channels_last's one element at a time took 0.9x the blend's
+// time (C64 128x128, perf).
+inline void transpose_floats(const float* from, int64_t from_row, float* to, int64_t to_row, int64_t rows,
+                             int64_t cols) {
+  int64_t j0 = 0;
+#if defined(__SSE2__) && !defined(__CUDACC__)
+  for (; j0 + 4 <= cols; j0 += 4) {
+    int64_t i0 = 0;
+    for (; i0 + 4 <= rows; i0 += 4) {
+      __m128 a0 = _mm_loadu_ps(from + i0 * from_row + j0), a1 = _mm_loadu_ps(from + (i0 + 1) * from_row + j0);
+      __m128 a2 = _mm_loadu_ps(from + (i0 + 2) * from_row + j0), a3 = _mm_loadu_ps(from + (i0 + 3) * from_row + j0);
+      _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
+      _mm_storeu_ps(to + j0 * to_row + i0, a0);
+      _mm_storeu_ps(to + (j0 + 1) * to_row + i0, a1);
+      _mm_storeu_ps(to + (j0 + 2) * to_row + i0, a2);
+      _mm_storeu_ps(to + (j0 + 3) * to_row + i0, a3);
+    }
+    for (int64_t j = j0; j < j0 + 4; ++j) {
+      for (int64_t i = i0; i < rows; ++i) to[j * to_row + i] = from[i * from_row + j];
+    }
+  }
+#endif
+  for (int64_t j = j0; j < cols; ++j) {
+    for (int64_t i = 0; i < rows; ++i) to[j * to_row + i] = from[i * from_row + j];
+  }
+}
+
 // Output pixels per task: the block's sampled columns (C_in * kh * kw values per
 // pixel) stay within a few MiB, so im2col and the GEMM that reads them share the cache.
 // An image splits into a multiple of 4 blocks of (nearly) equal size, so that 1, 2
@@ -653,6 +685,9 @@ void deform_conv2d_layouts(const S* input, const W* weight, const DeformConv2dSh
     const int64_t last = std::min(plane, first + kTransposeTile);
     if constexpr (std::is_same_v<S, BFloat16> && std::is_same_v<T, float>) {  // 8 x 8 tiles, widened as written
       transpose_halves(reinterpret_cast<const uint16_t*>(input + image * s.in_channels * plane) + first, plane,
+                       input_hwc + (image * plane + first) * s.in_channels, s.in_channels, s.in_channels, last - first);
+    } else if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {  // 4 x 4 tiles
+      transpose_floats(input + image * s.in_channels * plane + first, plane,
                        input_hwc + (image * plane + first) * s.in_channels, s.in_channels, s.in_channels, last - first);
     } else {
       transpose_to_channels_last(input + image * s.in_channels * plane, input_hwc + image * plane * s.in_channels,

@@ -304,9 +304,29 @@ void im2col_vectors_match_the_scalar_loop(const char* what) {
   expect(checked > 100, std::string(what) + ": enough im2col shapes were valid");
 }
 
+// transpose_floats against the definition, for sizes around its 4 x 4 tiles and strides past the sizes (the gaps
+// between destination rows untouched).
+void test_transpose_floats() {
+  for (const int64_t rows : {1, 3, 4, 5, 8, 17, 64}) {
+    for (const int64_t cols : {1, 3, 4, 7, 32}) {
+      const int64_t from_row = cols + 3, to_row = rows + 5;
+      std::vector<float> from(static_cast<size_t>(rows * from_row)), to(static_cast<size_t>(cols * to_row), -1.0f);
+      for (size_t k = 0; k < from.size(); ++k) from[k] = static_cast<float>(k) * 0.5f + 1.0f;
+      opbridge::kernels::transpose_floats(from.data(), from_row, to.data(), to_row, rows, cols);
+      bool same = true, untouched = true;
+      for (int64_t j = 0; j < cols; ++j) {
+        for (int64_t i = 0; i < rows; ++i) same = same && to[j * to_row + i] == from[i * from_row + j];
+        for (int64_t i = rows; i < to_row; ++i) untouched = untouched && to[j * to_row + i] == -1.0f;
+      }
+      expect(same && untouched, "transpose_floats " + std::to_string(rows) + " x " + std::to_string(cols));
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
+  test_transpose_floats();
   im2col_vectors_match_the_scalar_loop<float, float>("float");
   im2col_vectors_match_the_scalar_loop<double, double>("double");
   im2col_vectors_match_the_scalar_loop<float, opbridge::kernels::BFloat16>("bfloat16 columns");
