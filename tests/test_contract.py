@@ -406,11 +406,15 @@ def test_session_options_that_already_carry_the_library(tmp_path):
 
 def test_bench_quiets_openblas_idle_spinning(monkeypatch):
     """`python -m opbridge bench` runs with OPENBLAS_THREAD_TIMEOUT set (OpenBLAS's idle workers otherwise spin about
-    0.1 s after a two-thread call and slow the next timed path): numpy, and so its OpenBLAS, is loaded here, so main
-    starts again with the variable set instead of running the benchmarks in this process."""
+    0.1 s after a two-thread call and slow the next timed path): numpy, and so its OpenBLAS, is loaded here, so the
+    command line starts again, interpreter flags and all, with the variable set."""
     import opbridge.__main__ as cli
 
-    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "x")  # restored after the test, whatever main does
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT")
+    command = ["bench", "--ops", "my_add", "--repeat", "1"]
+    monkeypatch.setattr(sys, "argv", ["opbridge", *command])
+    monkeypatch.setattr(sys, "orig_argv", [sys.executable, "-X", "importtime", "-m", "opbridge", *command])
     started = []
 
     def execv(path, args):
@@ -419,6 +423,20 @@ def test_bench_quiets_openblas_idle_spinning(monkeypatch):
 
     monkeypatch.setattr(cli.os, "execv", execv)
     with pytest.raises(SystemExit):
-        cli.main(["bench", "--ops", "my_add", "--repeat", "1"])
-    assert started == [(sys.executable, [sys.executable, "-m", "opbridge", "bench", "--ops", "my_add", "--repeat", "1"],
+        cli.main()
+    assert started == [(sys.executable, [sys.executable, "-X", "importtime", "-m", "opbridge", *command],
                         cli.OPENBLAS_THREAD_TIMEOUT)]  # fmt: skip
+
+
+def test_bench_called_from_a_program_keeps_its_process(monkeypatch):
+    """main(["bench", ...]) from a program runs the command there: no new process, the environment unchanged."""
+    import opbridge.__main__ as cli
+
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "x")
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT")
+    monkeypatch.setattr(cli.os, "execv", lambda *args: pytest.fail("main started a new process"))
+    ran = []
+    stub = type("Bench", (), {"main": staticmethod(lambda arguments: ran.append(arguments) or 0)})
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: stub)
+    assert cli.main(["bench", "--ops", "my_add"]) == 0
+    assert ran == [["--ops", "my_add"]] and "OPENBLAS_THREAD_TIMEOUT" not in os.environ

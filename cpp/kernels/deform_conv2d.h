@@ -411,11 +411,13 @@ void deformable_im2col_block_scalar(const T* input_hwc, const T* zeros, const T*
           const T ly = y - T(y_low), lx = x - T(x_low), hy = T(1) - ly, hx = T(1) - lx;
           w[0] = hy * hx, w[1] = hy * lx, w[2] = ly * hx, w[3] = ly * lx;
           const bool top = y_low >= 0, bottom = y_low + 1 < s.height, left = x_low >= 0, right = x_low + 1 < s.width;
-          const T* base = input_hwc + (y_low * s.width + x_low) * channels;  // only formed rows are read
-          if (top && left) rows[0] = base;
-          if (top && right) rows[1] = base + channels;
-          if (bottom && left) rows[2] = base + s.width * channels;
-          if (bottom && right) rows[3] = base + (s.width + 1) * channels;
+          // Element offsets of the corners' rows; a pointer is formed only for a corner in the image (the cell's
+          // top-left corner is outside it, before the buffer, where y_low or x_low is -1).
+          const int64_t at = (y_low * s.width + x_low) * channels;
+          if (top && left) rows[0] = input_hwc + at;
+          if (top && right) rows[1] = input_hwc + (at + channels);
+          if (bottom && left) rows[2] = input_hwc + (at + s.width * channels);
+          if (bottom && right) rows[3] = input_hwc + (at + (s.width + 1) * channels);
         }
         const bool scaled = mask != nullptr;
         const T scale = scaled ? mask[(og * taps + tap) * pixels + p] : T(1);
@@ -546,13 +548,13 @@ void deformable_im2col_block(const T* input_hwc, const T* zeros, const T* offset
                     corners);
         const T* scales = scaled ? mask + (og * taps + tap) * pixels + first + q0 : nullptr;
         for (int q = 0; q < n; ++q) {
-          // Rows are formed only for corners in the image (the others read the zero row).
-          const T* base = input_hwc + (static_cast<int64_t>(y_low[q]) * s.width + x_low[q]) * channels;
+          // A row pointer is formed only for a corner in the image; the others read the zero row.
+          const int64_t at = (static_cast<int64_t>(y_low[q]) * s.width + x_low[q]) * channels;
           const int32_t inside = corners[q];
-          rows[4 * q] = inside & 1 ? base : zeros;
-          rows[4 * q + 1] = inside & 2 ? base + channels : zeros;
-          rows[4 * q + 2] = inside & 4 ? base + s.width * channels : zeros;
-          rows[4 * q + 3] = inside & 8 ? base + (s.width + 1) * channels : zeros;
+          rows[4 * q] = inside & 1 ? input_hwc + at : zeros;
+          rows[4 * q + 1] = inside & 2 ? input_hwc + (at + channels) : zeros;
+          rows[4 * q + 2] = inside & 4 ? input_hwc + (at + s.width * channels) : zeros;
+          rows[4 * q + 3] = inside & 8 ? input_hwc + (at + (s.width + 1) * channels) : zeros;
         }
         C* out = columns + q0 * ld + tap * per_group;
         for (size_t k = starts[og]; k < starts[og + 1]; ++k) {

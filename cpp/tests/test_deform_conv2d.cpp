@@ -323,9 +323,51 @@ void test_transpose_floats() {
   }
 }
 
+// Coordinates past 32 bits (a stride and bottom padding of 2^32 + 1, which the shape check accepts): the guard sends
+// them to the scalar loop. Cut to 32 bits, the second output row's position 2^32 + 1 would wrap to row 1 of the
+// image and read it, where it lies far below the image and reads zeros.
+void test_im2col_huge_coordinates_take_the_scalar_loop() {
+  using namespace opbridge::kernels;
+  const int64_t big = (int64_t(1) << 32) + 1;
+  DeformConv2dAttributes attributes;
+  attributes.pads = {0, 1, big, 1}, attributes.strides = {big, 1};
+  DeformConv2dShape s;
+  const Status status = check_deform_conv2d({"op", "x", "w", "offset", "mask", "bias"}, {1, 2, 5, 5}, {2, 2, 3, 3},
+                                            {1, 18, 2, 5}, nullptr, nullptr, attributes, s);
+  expect(status.ok() && s.out_h == 2, "a 2^32 + 1 padding and stride pass the shape check: " + status.message);
+  if (!status.ok()) return;
+  expect(!deform_conv2d_coordinates_fit_int32(s), "2^32 coordinates do not fit in 32 bits");
+  DeformConv2dShape small = s;
+  small.pad_bottom = 1, small.stride_h = 1;
+  expect(deform_conv2d_coordinates_fit_int32(small), "a 5 x 5 image's coordinates fit in 32 bits");
+  const int64_t taps = 9, pixels = s.out_h * s.out_w, ld = s.in_channels * taps;
+  std::vector<float> input(static_cast<size_t>(25 * s.in_channels)), zeros(s.in_channels, 0.0f);
+  for (size_t k = 0; k < input.size(); ++k) input[k] = 1.0f + static_cast<float>(k);
+  std::vector<float> offset(static_cast<size_t>(2 * taps * pixels));
+  for (size_t k = 0; k < offset.size(); ++k) offset[k] = 0.25f * static_cast<float>(k % 7) - 0.5f;
+  std::vector<float> vectors(static_cast<size_t>(pixels * ld), -1.0f), scalar(vectors.size(), -2.0f);
+  deformable_im2col_block(input.data(), zeros.data(), offset.data(), static_cast<const float*>(nullptr), s, 0, pixels,
+                          vectors.data(), ld);
+  deformable_im2col_block_scalar(input.data(), zeros.data(), offset.data(), static_cast<const float*>(nullptr), s, 0,
+                                 pixels, scalar.data(), ld);
+  expect(std::memcmp(vectors.data(), scalar.data(), sizeof(float) * vectors.size()) == 0,
+         "im2col with 2^32 coordinates gives the scalar loop's values");
+  // The first output row samples the image; the second, far below it, reads zeros only.
+  bool sampled = false, below = true;
+  for (int64_t q = 0; q < pixels; ++q) {
+    for (int64_t d = 0; d < ld; ++d) {
+      const float v = scalar[static_cast<size_t>(q * ld + d)];
+      if (q < s.out_w) sampled = sampled || v != 0.0f;
+      if (q >= s.out_w) below = below && v == 0.0f;
+    }
+  }
+  expect(sampled && below, "im2col with 2^32 coordinates: the first row sampled, the second all zeros");
+}
+
 }  // namespace
 
 int main() {
+  test_im2col_huge_coordinates_take_the_scalar_loop();
   test_transpose_floats();
   im2col_vectors_match_the_scalar_loop<float, float>("float");
   im2col_vectors_match_the_scalar_loop<double, double>("double");

@@ -20,9 +20,24 @@ MODULES = {"parity": "opbridge.tools.parity", "inspect": "opbridge_ort.inspect",
 OPENBLAS_THREAD_TIMEOUT = "20"
 
 
+def _quiet_openblas() -> None:
+    """Sets OPENBLAS_THREAD_TIMEOUT for the command line's ``bench`` (unless the user set it). OpenBLAS reads it when
+    it loads: where numpy, and with it numpy's OpenBLAS, is loaded already, the same command line starts again."""
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        return
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = OPENBLAS_THREAD_TIMEOUT
+    if "numpy" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])  # interpreter flags and all
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line (``argv`` None: ``sys.argv``), or one command called from a program (``argv`` given: the
+    process and its environment are left as they are)."""
     from ._cli import PARSERS, main_parser
 
+    command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in MODULES:
         main_parser().parse_args(argv)  # --help (exit 0), or an error listing the commands (exit 2)
@@ -30,11 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     command, arguments = argv[0], argv[1:]
     if command in PARSERS:
         PARSERS[command]().parse_args(arguments)  # parse errors and --help before the heavy imports
-    if command == "bench" and "OPENBLAS_THREAD_TIMEOUT" not in os.environ:
-        # OpenBLAS reads it when it loads: where numpy (and with it numpy's OpenBLAS) is loaded already, start again.
-        os.environ["OPENBLAS_THREAD_TIMEOUT"] = OPENBLAS_THREAD_TIMEOUT
-        if "numpy" in sys.modules:
-            os.execv(sys.executable, [sys.executable, "-m", "opbridge", *argv])
+    if command == "bench" and command_line:
+        _quiet_openblas()
     module = importlib.import_module(MODULES[command])
     return module.main(arguments)
 
