@@ -25,6 +25,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/deform_conv2d.h"
@@ -95,16 +97,76 @@ struct DeformConv2dGrads {
   T* bias = nullptr;    // [C_out], or nullptr
 };
 
-// One sample (offset group, tap, pixel) of an image, for the input gradient's scatter: the index of its
-// (low, low) corner in the plane, its four bilinear weights and mask, and which corners are on the image
+// One sample (offset group, tap, pixel) of an image, for the offset, mask and input gradients: its cell's top-left
+// pixel (y_low * W + x_low), fractional parts, four bilinear weights and mask, and which corners are on the image
 // (bit c: corner c; 0 for a sample outside).
 template <class T>
 struct SampledTap {
   int64_t base;
+  T ly, lx;
   T weight[4];
   T mask;
   uint8_t corners;
+  bool inside;
 };
+
+#if !defined(__CUDACC__)
+// One sample's sums over a run of n channels, for its offset and mask gradients: with g the channels' column
+// gradients and r0..r3 its corner rows (the zero row for a corner off the image), sums[0] += g . (r2 - r0),
+// sums[1] += g . (r3 - r1) (y), sums[2] += g . (r1 - r0), sums[3] += g . (r3 - r2) (x), sums[4] += g . (the
+// bilinear value) (mask). 16 lanes each, added in a fixed order: the same sums on every CPU and thread count.
+#define OPBRIDGE_DEFINE_SAMPLE_SUMS(T)                                                                            \
+  [[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void sample_gradient_sums(                                       \
+      const T* __restrict g, const T* __restrict r0, const T* __restrict r1, const T* __restrict r2,              \
+      const T* __restrict r3, T w0, T w1, T w2, T w3, int64_t n, T* __restrict sums) {                            \
+    T lanes[5][16] = {};                                                                                          \
+    int64_t c = 0;                                                                                                \
+    for (; c + 16 <= n; c += 16) {                                                                                \
+      for (int l = 0; l < 16; ++l) {                                                                              \
+        const T a0 = r0[c + l], a1 = r1[c + l], a2 = r2[c + l], a3 = r3[c + l], gc = g[c + l];                    \
+        lanes[0][l] += gc * (a2 - a0), lanes[1][l] += gc * (a3 - a1);                                             \
+        lanes[2][l] += gc * (a1 - a0), lanes[3][l] += gc * (a3 - a2);                                             \
+        lanes[4][l] += gc * (w0 * a0 + w1 * a1 + w2 * a2 + w3 * a3);                                              \
+      }                                                                                                           \
+    }                                                                                                             \
+    for (int k = 0; k < 5; ++k) {                                                                                 \
+      T sum = T(0);                                                                                               \
+      for (int l = 0; l < 16; ++l) sum += lanes[k][l];                                                            \
+      sums[k] += sum;                                                                                             \
+    }                                                                                                             \
+    for (; c < n; ++c) {                                                                                          \
+      const T a0 = r0[c], a1 = r1[c], a2 = r2[c], a3 = r3[c], gc = g[c];                                          \
+      sums[0] += gc * (a2 - a0), sums[1] += gc * (a3 - a1), sums[2] += gc * (a1 - a0), sums[3] += gc * (a3 - a2); \
+      sums[4] += gc * (w0 * a0 + w1 * a1 + w2 * a2 + w3 * a3);                                                    \
+    }                                                                                                             \
+  }
+OPBRIDGE_DEFINE_SAMPLE_SUMS(float)
+OPBRIDGE_DEFINE_SAMPLE_SUMS(double)
+#undef OPBRIDGE_DEFINE_SAMPLE_SUMS
+
+// to[c] += weight * (g[c] * mask) for c < n: one corner's share of a sample's column gradients, scattered into the
+// channels-last input gradient.
+#define OPBRIDGE_DEFINE_SCATTER(T)                                                                            \
+  [[maybe_unused]] OPBRIDGE_VECTOR_CLONES static void scatter_corner(T* __restrict to, const T* __restrict g, \
+                                                                     T weight, T mask, int64_t n) {           \
+    for (int64_t c = 0; c < n; ++c) to[c] += weight * (g[c] * mask);                                          \
+  }
+OPBRIDGE_DEFINE_SCATTER(float)
+OPBRIDGE_DEFINE_SCATTER(double)
+#undef OPBRIDGE_DEFINE_SCATTER
+#endif  // !defined(__CUDACC__)
+
+// to[j * to_row + i] = from[i * from_row + j]: transpose_floats for float, one element at a time otherwise.
+template <class T>
+void transpose_block(const T* from, int64_t from_row, T* to, int64_t to_row, int64_t rows, int64_t cols) {
+  if constexpr (std::is_same_v<T, float>) {
+    transpose_floats(from, from_row, to, to_row, rows, cols);
+  } else {
+    for (int64_t j = 0; j < cols; ++j) {
+      for (int64_t i = 0; i < rows; ++i) to[j * to_row + i] = from[i * from_row + j];
+    }
+  }
+}
 
 // Pixels per task of the per-pixel passes, and the fixed number of partial sums of grad_weight per image.
 constexpr int64_t kBackwardPixelChunk = 256;
@@ -112,6 +174,12 @@ constexpr int64_t kWeightGradChunks = 8;
 
 // Gradients for a shape that passed check_deform_conv2d, given grad_out [N, C_out, H_out, W_out]; every
 // gradient buffer is written in full (zeroed first). gemm as in deform_conv2d: c = a * b^T, row-major.
+//
+// The input is read channels-last (deform_conv2d_layouts, as the forward reads it), so that a sample's four corners
+// are four contiguous rows of channels. The columns and their gradients are ordered as the forward's, (group, tap,
+// channel of the group): the columns channel-major [C_in * K, pixels] for grad_weight's product over pixels (the
+// forward's pixel-major im2col, transposed), the column gradients pixel-major [pixels, C_in * K] for the per-sample
+// sums over channels. grad_weight comes out in that (tap, channel) order and is written back in torch's.
 template <class T, class ParallelFor, class Gemm>
 void deform_conv2d_backward(const T* input, const T* weight, const T* offset, const T* mask, const T* grad_out,
                             const DeformConv2dShape& s, const DeformConv2dGrads<T>& grads, ParallelFor&& parallel_for,
@@ -119,76 +187,97 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
   const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, plane = s.height * s.width;
   const int64_t per_group = s.in_channels / s.groups, out_per_group = s.out_channels / s.groups;
   const int64_t per_offset_group = s.in_channels / s.offset_groups, depth = per_group * taps;
-  const int64_t rows = s.in_channels * taps;  // rows of the columns: c * K + k
+  const int64_t ld = s.in_channels * taps;  // a pixel's columns: (g * K + k) * C_g + ci
   std::fill(grads.input, grads.input + s.batch * s.in_channels * plane, T(0));
   std::fill(grads.weight, grads.weight + s.out_channels * depth, T(0));
   if (grads.bias != nullptr) std::fill(grads.bias, grads.bias + s.out_channels, T(0));
   if (s.batch == 0) return;
 
-  // weight[group]^T: [depth, C_out / groups] per group.
+  // The input channels-last and the weight as [C_out, K, C_in / groups], as the forward lays them out.
+  std::vector<T> input_hwc(static_cast<size_t>(s.batch * plane * s.in_channels));
+  std::vector<T> weight_k(static_cast<size_t>(s.out_channels * depth));
+  deform_conv2d_layouts(input, weight, s, input_hwc.data(), weight_k.data(), parallel_for);
+  // weight_k[group]^T: [depth, C_out / groups] per group.
   std::vector<T> weight_t(static_cast<size_t>(s.out_channels * depth));
   for (int64_t g = 0; g < s.groups; ++g)
     for (int64_t o = 0; o < out_per_group; ++o)
       for (int64_t d = 0; d < depth; ++d)
-        weight_t[(g * depth + d) * out_per_group + o] = weight[(g * out_per_group + o) * depth + d];
+        weight_t[(g * depth + d) * out_per_group + o] = weight_k[(g * out_per_group + o) * depth + d];
 
-  std::vector<T> columns(static_cast<size_t>(rows * pixels)), grad_columns(columns.size());
+  // Each offset group's channels, split where a weight group ends: (first channel, count, column at tap 0).
+  struct Segment {
+    int64_t channel, count, column;
+  };
+  std::vector<Segment> segments;
+  std::vector<size_t> starts{0};
+  for (int64_t og = 0; og < s.offset_groups; ++og) {
+    for (int64_t c = og * per_offset_group, end = c + per_offset_group; c < end;) {
+      const int64_t g = c / per_group, stop = std::min(end, (g + 1) * per_group);
+      segments.push_back({c, stop - c, g * taps * per_group + (c - g * per_group)});
+      c = stop;
+    }
+    starts.push_back(segments.size());
+  }
+  // The input gradient's tasks: runs of at most 16 channels within one segment (a vector each).
+  std::vector<std::pair<size_t, int64_t>> blocks;  // (segment, first channel)
+  for (size_t k = 0; k < segments.size(); ++k) {
+    for (int64_t c = segments[k].channel; c < segments[k].channel + segments[k].count; c += 16)
+      blocks.push_back({k, c});
+  }
+  const std::vector<T> zeros(static_cast<size_t>(s.in_channels), T(0));
+
+  std::vector<T> columns(static_cast<size_t>(ld * pixels)), grad_columns(columns.size());
   std::vector<T> grad_out_t(static_cast<size_t>(pixels * s.out_channels));
+  std::vector<T> grad_input_hwc(static_cast<size_t>(plane * s.in_channels));
   const int64_t weight_chunks = std::min(kWeightGradChunks, pixels);
   const int64_t weight_chunk = (pixels + weight_chunks - 1) / weight_chunks;
   std::vector<T> partial(static_cast<size_t>(weight_chunks * s.out_channels * depth));
   const int64_t pixel_chunks = (pixels + kBackwardPixelChunk - 1) / kBackwardPixelChunk;
   std::vector<SampledTap<T>> sampled(static_cast<size_t>(s.offset_groups * taps * pixels));
+  const int64_t corner_offset[4] = {0, 1, s.width, s.width + 1};
 
   for (int64_t n = 0; n < s.batch; ++n) {
-    const T* image = input + n * s.in_channels * plane;
+    const T* image_hwc = input_hwc.data() + n * plane * s.in_channels;
     const T* image_offset = offset + n * 2 * s.offset_groups * taps * pixels;
     const T* image_mask = mask != nullptr ? mask + n * s.offset_groups * taps * pixels : nullptr;
     const T* image_grad = grad_out + n * s.out_channels * pixels;
-    auto position = [&](int64_t og, int64_t k, int64_t p) {
-      const int64_t oy = p / s.out_w, ox = p % s.out_w, i = k / s.kernel_w, j = k % s.kernel_w;
+
+    // 1. The samples' table, in tasks of (offset group, tap, pixel chunk).
+    parallel_for(s.offset_groups * taps * pixel_chunks, [&](int64_t task) {
+      const int64_t og = task / (taps * pixel_chunks), k = task / pixel_chunks % taps;
+      const int64_t first = task % pixel_chunks * kBackwardPixelChunk;
+      const int64_t last = std::min(pixels, first + kBackwardPixelChunk);
       const T* dy = image_offset + (og * taps + k) * 2 * pixels;
-      T y, x;
-      deform_conv2d_position(s, oy, ox, i, j, dy[p], dy[pixels + p], y, x);
-      return BilinearPoint<T>(y, x, s.height, s.width);
-    };
-    auto mask_at = [&](int64_t og, int64_t k, int64_t p) {
-      return image_mask != nullptr ? image_mask[(og * taps + k) * pixels + p] : T(1);
-    };
-
-    // Every sample (offset group, tap, pixel), in tasks of (offset group, tap, pixel chunk) that each own
-    // the elements they write.
-    auto for_each_sample = [&](const auto& body) {
-      parallel_for(s.offset_groups * taps * pixel_chunks, [&](int64_t task) {
-        const int64_t og = task / (taps * pixel_chunks), k = task / pixel_chunks % taps;
-        const int64_t first = task % pixel_chunks * kBackwardPixelChunk;
-        const int64_t last = std::min(pixels, first + kBackwardPixelChunk);
-        for (int64_t p = first; p < last; ++p) body(og, k, p, position(og, k, p), mask_at(og, k, p));
-      });
-    };
-
-    // 1. columns (channel-major), the samples' table, and grad_out^T.
-    for_each_sample([&](int64_t og, int64_t k, int64_t p, const BilinearPoint<T>& point, T m) {
-      SampledTap<T>& tap = sampled[(og * taps + k) * pixels + p];
-      tap.corners = 0;
-      if (point.inside) {
-        tap.base = point.index(0, s.width), tap.mask = m;
-        for (int corner = 0; corner < 4; ++corner) {
-          tap.weight[corner] = point.weight(corner);
-          tap.corners |= static_cast<uint8_t>(point.corner[corner] ? 1 << corner : 0);
+      for (int64_t p = first; p < last; ++p) {
+        T y, x;
+        deform_conv2d_position(s, p / s.out_w, p % s.out_w, k / s.kernel_w, k % s.kernel_w, dy[p], dy[pixels + p], y,
+                               x);
+        const BilinearPoint<T> point(y, x, s.height, s.width);
+        SampledTap<T>& tap = sampled[(og * taps + k) * pixels + p];
+        tap.inside = point.inside, tap.corners = 0;
+        tap.mask = image_mask != nullptr ? image_mask[(og * taps + k) * pixels + p] : T(1);
+        if (point.inside) {
+          tap.base = point.index(0, s.width), tap.ly = point.ly, tap.lx = point.lx;
+          for (int corner = 0; corner < 4; ++corner) {
+            tap.weight[corner] = point.weight(corner);
+            tap.corners |= static_cast<uint8_t>(point.corner[corner] ? 1 << corner : 0);
+          }
         }
       }
-      for (int64_t c = og * per_offset_group; c < (og + 1) * per_offset_group; ++c) {
-        T v[4];
-        point.values(image + c * plane, s.width, v);
-        columns[(c * taps + k) * pixels + p] = point.value(v) * m;
-      }
+    });
+
+    // 2. The columns channel-major (the forward's pixel-major im2col of a block, transposed), and grad_out^T.
+    parallel_for(pixel_chunks, [&](int64_t chunk) {
+      const int64_t first = chunk * kBackwardPixelChunk, count = std::min(kBackwardPixelChunk, pixels - first);
+      const ThreadScratch block(sizeof(T) * static_cast<size_t>(count * ld));  // im2col writes all of it
+      deformable_im2col_block(image_hwc, zeros.data(), image_offset, image_mask, s, first, count, block.get<T>(), ld);
+      transpose_block(static_cast<const T*>(block.get<T>()), ld, columns.data() + first, pixels, count, ld);
     });
     parallel_for(s.out_channels, [&](int64_t o) {
       for (int64_t p = 0; p < pixels; ++p) grad_out_t[p * s.out_channels + o] = image_grad[o * pixels + p];
     });
 
-    // 2. grad_weight += grad_out . columns^T, in fixed pixel chunks added in order.
+    // 3. grad_weight += grad_out . columns^T, in fixed pixel chunks added in order ((tap, channel) order).
     parallel_for(s.groups * weight_chunks, [&](int64_t task) {
       const int64_t g = task / weight_chunks, chunk = task % weight_chunks;
       const int64_t first = chunk * weight_chunk, count = std::min(weight_chunk, pixels - first);
@@ -201,10 +290,12 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
            columns.data() + g * depth * pixels + first, pixels, target, depth);
     });
     parallel_for(s.out_channels, [&](int64_t o) {
+      T* target = grads.weight + o * depth;  // torch's order: channel ci, then tap k
       for (int64_t chunk = 0; chunk < weight_chunks; ++chunk) {
-        const T* source = partial.data() + (chunk * s.out_channels + o) * depth;
-        T* target = grads.weight + o * depth;
-        for (int64_t d = 0; d < depth; ++d) target[d] += source[d];
+        const T* source = partial.data() + (chunk * s.out_channels + o) * depth;  // tap k, then channel ci
+        for (int64_t k = 0; k < taps; ++k) {
+          for (int64_t ci = 0; ci < per_group; ++ci) target[ci * taps + k] += source[k * per_group + ci];
+        }
       }
       if (grads.bias != nullptr) {
         T sum = T(0);
@@ -213,52 +304,80 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
       }
     });
 
-    // 3. grad_columns = weight^T . grad_out, per group and pixel chunk.
+    // 4. grad_columns = grad_out^T . weight, pixel-major, per group and pixel chunk.
     parallel_for(s.groups * pixel_chunks, [&](int64_t task) {
       const int64_t g = task / pixel_chunks, first = task % pixel_chunks * kBackwardPixelChunk;
       const int64_t count = std::min(kBackwardPixelChunk, pixels - first);
-      gemm(depth, count, out_per_group, weight_t.data() + g * depth * out_per_group, out_per_group,
-           grad_out_t.data() + first * s.out_channels + g * out_per_group, s.out_channels,
-           grad_columns.data() + g * depth * pixels + first, pixels);
+      gemm(count, depth, out_per_group, grad_out_t.data() + first * s.out_channels + g * out_per_group, s.out_channels,
+           weight_t.data() + g * depth * out_per_group, out_per_group, grad_columns.data() + first * ld + g * depth,
+           ld);
     });
 
-    // 4. grad_offset and grad_mask: one task per (offset group, tap, pixel chunk) owns its elements.
+    // 5. grad_offset and grad_mask: one task per (offset group, tap, pixel chunk) owns its elements.
     T* image_grad_offset = grads.offset + n * 2 * s.offset_groups * taps * pixels;
     T* image_grad_mask = grads.mask != nullptr ? grads.mask + n * s.offset_groups * taps * pixels : nullptr;
-    for_each_sample([&](int64_t og, int64_t k, int64_t p, const BilinearPoint<T>& point, T m) {
-      T grad_y = T(0), grad_x = T(0), grad_m = T(0);
-      if (point.inside) {
-        for (int64_t c = og * per_offset_group; c < (og + 1) * per_offset_group; ++c) {
-          T v[4];
-          point.values(image + c * plane, s.width, v);
-          point.add_gradients(v, grad_columns[(c * taps + k) * pixels + p], grad_y, grad_x, grad_m);
+    parallel_for(s.offset_groups * taps * pixel_chunks, [&](int64_t task) {
+      const int64_t og = task / (taps * pixel_chunks), k = task / pixel_chunks % taps;
+      const int64_t first = task % pixel_chunks * kBackwardPixelChunk;
+      const int64_t last = std::min(pixels, first + kBackwardPixelChunk);
+      for (int64_t p = first; p < last; ++p) {
+        const SampledTap<T>& tap = sampled[(og * taps + k) * pixels + p];
+        T grad_y = T(0), grad_x = T(0), grad_m = T(0);
+        if (tap.inside) {
+          T sums[5] = {T(0), T(0), T(0), T(0), T(0)};
+          for (size_t index = starts[og]; index < starts[og + 1]; ++index) {
+            const Segment& segment = segments[index];
+            const T* rows[4];
+            for (int corner = 0; corner < 4; ++corner) {
+              rows[corner] = tap.corners & (1 << corner)
+                                 ? image_hwc + ((tap.base + corner_offset[corner]) * s.in_channels + segment.channel)
+                                 : zeros.data();
+            }
+            sample_gradient_sums(grad_columns.data() + p * ld + segment.column + k * per_group, rows[0], rows[1],
+                                 rows[2], rows[3], tap.weight[0], tap.weight[1], tap.weight[2], tap.weight[3],
+                                 segment.count, sums);
+          }
+          const T hy = T(1) - tap.ly, hx = T(1) - tap.lx;
+          grad_y = hx * sums[0] + tap.lx * sums[1];
+          grad_x = hy * sums[2] + tap.ly * sums[3];
+          grad_m = sums[4];
         }
+        image_grad_offset[(og * taps + k) * 2 * pixels + p] = grad_y * tap.mask;
+        image_grad_offset[(og * taps + k) * 2 * pixels + pixels + p] = grad_x * tap.mask;
+        if (image_grad_mask != nullptr) image_grad_mask[(og * taps + k) * pixels + p] = grad_m;
       }
-      image_grad_offset[(og * taps + k) * 2 * pixels + p] = grad_y * m;
-      image_grad_offset[(og * taps + k) * 2 * pixels + pixels + p] = grad_x * m;
-      if (image_grad_mask != nullptr) image_grad_mask[(og * taps + k) * pixels + p] = grad_m;
     });
 
-    // 5. grad_input: one task per channel plane scatters into it.
-    T* image_grad_input = grads.input + n * s.in_channels * plane;
-    // The samples come from the table of step 1: their positions are computed once per (offset group, tap,
-    // pixel), not once per channel.
-    const int64_t corner_offset[4] = {0, 1, s.width, s.width + 1};
-    parallel_for(s.in_channels, [&](int64_t c) {
-      const int64_t og = c / per_offset_group;
-      T* target = image_grad_input + c * plane;
+    // 6. grad_input, channels-last: one task per run of channels scatters its samples' shares (for each tap, each
+    // pixel, each corner in order), then the image is transposed back to [C_in, H, W].
+    std::fill(grad_input_hwc.begin(), grad_input_hwc.end(), T(0));
+    parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t task) {
+      const Segment& segment = segments[blocks[static_cast<size_t>(task)].first];
+      const int64_t c0 = blocks[static_cast<size_t>(task)].second;
+      const int64_t count = std::min<int64_t>(16, segment.channel + segment.count - c0);
+      const int64_t og = c0 / per_offset_group;
+      const int64_t column = segment.column + (c0 - segment.channel);
       for (int64_t k = 0; k < taps; ++k) {
-        const T* g = grad_columns.data() + (c * taps + k) * pixels;
         const SampledTap<T>* tap = sampled.data() + (og * taps + k) * pixels;
         for (int64_t p = 0; p < pixels; ++p) {
           const SampledTap<T>& t = tap[p];
           if (t.corners == 0) continue;
-          const T scaled = g[p] * t.mask;
+          const T* g = grad_columns.data() + p * ld + column + k * per_group;
           for (int corner = 0; corner < 4; ++corner) {
-            if (t.corners & (1 << corner)) target[t.base + corner_offset[corner]] += t.weight[corner] * scaled;
+            if (t.corners & (1 << corner)) {
+              scatter_corner(grad_input_hwc.data() + (t.base + corner_offset[corner]) * s.in_channels + c0, g,
+                             t.weight[corner], t.mask, count);
+            }
           }
         }
       }
+    });
+    T* image_grad_input = grads.input + n * s.in_channels * plane;
+    const int64_t tiles = (plane + kTransposeTile - 1) / kTransposeTile;
+    parallel_for(tiles, [&](int64_t tile) {
+      const int64_t first = tile * kTransposeTile, count = std::min(kTransposeTile, plane - first);
+      transpose_block(static_cast<const T*>(grad_input_hwc.data()) + first * s.in_channels, s.in_channels,
+                      image_grad_input + first, plane, count, s.in_channels);
     });
   }
 }
