@@ -488,6 +488,30 @@ inline bool deform_conv2d_coordinates_fit_int32(const DeformConv2dShape& s) {
          fits(s.out_w, s.stride_w, s.pad_left, s.kernel_w, s.dilation_w, s.width);
 }
 
+// Each offset group's channels, split where a weight group ends: segments [starts[og], starts[og + 1]) are offset
+// group og's, each a run of `count` channels from `channel` in one weight group, whose column in a pixel's row of
+// the forward's columns ((g * K + k) * C_g + ci) is `column` + k * C_g at tap k.
+struct ChannelSegment {
+  int64_t channel, count, column;
+};
+struct ChannelSegments {
+  std::vector<ChannelSegment> segments;
+  std::vector<size_t> starts{0};
+
+  explicit ChannelSegments(const DeformConv2dShape& s) {
+    const int64_t taps = s.kernel_h * s.kernel_w, per_group = s.in_channels / s.groups;
+    const int64_t per_offset_group = s.in_channels / s.offset_groups;
+    for (int64_t og = 0; og < s.offset_groups; ++og) {
+      for (int64_t c = og * per_offset_group, end = c + per_offset_group; c < end;) {
+        const int64_t g = c / per_group, stop = std::min(end, (g + 1) * per_group);
+        segments.push_back({c, stop - c, g * taps * per_group + (c - g * per_group)});
+        c = stop;
+      }
+      starts.push_back(segments.size());
+    }
+  }
+};
+
 // Deformable im2col of output pixels [first, first + count) of one image,
 // pixel-major: columns[q * ld + (g * K + k) * C_g + ci] is input channel
 // g * C_g + ci (weight group g, C_g channels per group) sampled at kernel tap k
@@ -511,27 +535,15 @@ void deformable_im2col_block(const T* input_hwc, const T* zeros, const T* offset
   }
   constexpr int kChunk = 16;
   const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w, channels = s.in_channels;
-  const int64_t per_offset_group = channels / s.offset_groups, per_group = channels / s.groups;
+  const int64_t per_group = channels / s.groups;
   const auto height = static_cast<int32_t>(s.height), width = static_cast<int32_t>(s.width);
   alignas(64) int32_t base_y[kChunk], base_x[kChunk], y_low[kChunk], x_low[kChunk], corners[kChunk];
   alignas(64) T w[4][kChunk];
   const T* rows[4 * kChunk];
   const bool scaled = mask != nullptr;
-  // Each offset group's channels, split where a weight group ends: [first channel, count, column offset at tap 0),
-  // segments [starts[og], starts[og + 1]) of offset group og.
-  struct Segment {
-    int64_t channel, count, column;
-  };
-  std::vector<Segment> segments;
-  std::vector<size_t> starts{0};
-  for (int64_t og = 0; og < s.offset_groups; ++og) {
-    for (int64_t c = og * per_offset_group, end = c + per_offset_group; c < end;) {
-      const int64_t g = c / per_group, stop = std::min(end, (g + 1) * per_group);
-      segments.push_back({c, stop - c, g * taps * per_group + (c - g * per_group)});
-      c = stop;
-    }
-    starts.push_back(segments.size());
-  }
+  const ChannelSegments split(s);
+  const std::vector<ChannelSegment>& segments = split.segments;
+  const std::vector<size_t>& starts = split.starts;
   for (int64_t q0 = 0; q0 < count; q0 += kChunk) {
     const int n = static_cast<int>(std::min<int64_t>(kChunk, count - q0));
     for (int64_t q = 0, oy = (first + q0) / s.out_w, ox = (first + q0) % s.out_w; q < n; ++q) {
@@ -558,7 +570,7 @@ void deformable_im2col_block(const T* input_hwc, const T* zeros, const T* offset
         }
         C* out = columns + q0 * ld + tap * per_group;
         for (size_t k = starts[og]; k < starts[og + 1]; ++k) {
-          const Segment& g = segments[k];
+          const ChannelSegment& g = segments[k];
           blend4_pixels(out + g.column, ld, rows, g.channel, w[0], w[1], w[2], w[3], scales, n, g.count);
         }
       }

@@ -204,20 +204,9 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
       for (int64_t d = 0; d < depth; ++d)
         weight_t[(g * depth + d) * out_per_group + o] = weight_k[(g * out_per_group + o) * depth + d];
 
-  // Each offset group's channels, split where a weight group ends: (first channel, count, column at tap 0).
-  struct Segment {
-    int64_t channel, count, column;
-  };
-  std::vector<Segment> segments;
-  std::vector<size_t> starts{0};
-  for (int64_t og = 0; og < s.offset_groups; ++og) {
-    for (int64_t c = og * per_offset_group, end = c + per_offset_group; c < end;) {
-      const int64_t g = c / per_group, stop = std::min(end, (g + 1) * per_group);
-      segments.push_back({c, stop - c, g * taps * per_group + (c - g * per_group)});
-      c = stop;
-    }
-    starts.push_back(segments.size());
-  }
+  const ChannelSegments split(s);
+  const std::vector<ChannelSegment>& segments = split.segments;
+  const std::vector<size_t>& starts = split.starts;
   // The input gradient's tasks: runs of at most 16 channels within one segment (a vector each).
   std::vector<std::pair<size_t, int64_t>> blocks;  // (segment, first channel)
   for (size_t k = 0; k < segments.size(); ++k) {
@@ -326,7 +315,7 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
         if (tap.inside) {
           T sums[5] = {T(0), T(0), T(0), T(0), T(0)};
           for (size_t index = starts[og]; index < starts[og + 1]; ++index) {
-            const Segment& segment = segments[index];
+            const ChannelSegment& segment = segments[index];
             const T* rows[4];
             for (int corner = 0; corner < 4; ++corner) {
               rows[corner] = tap.corners & (1 << corner)
@@ -352,7 +341,7 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
     // pixel, each corner in order), then the image is transposed back to [C_in, H, W].
     std::fill(grad_input_hwc.begin(), grad_input_hwc.end(), T(0));
     parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t task) {
-      const Segment& segment = segments[blocks[static_cast<size_t>(task)].first];
+      const ChannelSegment& segment = segments[blocks[static_cast<size_t>(task)].first];
       const int64_t c0 = blocks[static_cast<size_t>(task)].second;
       const int64_t count = std::min<int64_t>(16, segment.channel + segment.count - c0);
       const int64_t og = c0 / per_offset_group;
