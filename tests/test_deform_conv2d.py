@@ -42,6 +42,10 @@ CONFIGS = [
     (2, 8, 5, 5, 8, (1, 3), (1, 2), (1, 0), (2, 1), 4, 2, True, False),
     (3, 3, 4, 11, 3, (2, 2), (1, 1), (2, 2), (1, 1), 3, 1, True, True),  # depthwise
     (1, 2, 10, 10, 2, (5, 5), (3, 3), (2, 2), (1, 1), 1, 2, False, False),
+    # Channel runs past the CPU kernels' 16-lane vectors: 20 channels a group and offset group (a vector and a tail),
+    # and 18 a group across 4 groups in one offset group.
+    (1, 40, 5, 6, 6, (3, 3), (1, 1), (1, 1), (1, 1), 2, 2, True, True),
+    (2, 72, 4, 5, 8, (3, 3), (1, 1), (1, 1), (1, 1), 4, 1, True, False),
 ]
 
 

@@ -3,7 +3,8 @@
 // torch.ops.opbridge.deform_conv2d_backward (the autograd formula of
 // opbridge::deform_conv2d).
 //
-// Per image, with columns[c * K + k, p] = mask * bilinear(input[c], position(k, p)):
+// Per image, with columns[c, k, p] = mask * bilinear(input[c], position(k, p)) (stored in the forward's
+// (group, tap, channel of the group) order):
 //   grad_weight[group]   += grad_out[group] . columns[group]^T          (GEMM)
 //   grad_columns[group]   = weight[group]^T . grad_out[group]           (GEMM)
 //   grad_mask[g, k, p]    = sum over the offset group's channels of grad_columns * bilinear
@@ -19,7 +20,8 @@
 // Deterministic: every output element is written by one task, in a fixed order,
 // and the tasks do not depend on the number of threads (the GEMM partial sums
 // are split into fixed chunks and added in order). No atomics, no races: the
-// input gradient is scattered by one task per channel plane.
+// input gradient is scattered by one task per run of at most 16 channels (each
+// element's shares added in the same (tap, pixel, corner) order whatever the runs).
 #pragma once
 
 #include <algorithm>
@@ -194,9 +196,12 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
   if (s.batch == 0) return;
 
   // The input channels-last and the weight as [C_out, K, C_in / groups], as the forward lays them out.
-  std::vector<T> input_hwc(static_cast<size_t>(s.batch * plane * s.in_channels));
+  // One image at a time: a copy of the whole batch would add the input's size to the backward's peak memory.
+  DeformConv2dShape one_image = s;
+  one_image.batch = 1;
+  std::vector<T> input_hwc(static_cast<size_t>(plane * s.in_channels));
   std::vector<T> weight_k(static_cast<size_t>(s.out_channels * depth));
-  deform_conv2d_layouts(input, weight, s, input_hwc.data(), weight_k.data(), parallel_for);
+  deform_conv2d_layouts(input, weight, one_image, input_hwc.data(), weight_k.data(), parallel_for);
   // weight_k[group]^T: [depth, C_out / groups] per group.
   std::vector<T> weight_t(static_cast<size_t>(s.out_channels * depth));
   for (int64_t g = 0; g < s.groups; ++g)
@@ -222,11 +227,18 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
   const int64_t weight_chunk = (pixels + weight_chunks - 1) / weight_chunks;
   std::vector<T> partial(static_cast<size_t>(weight_chunks * s.out_channels * depth));
   const int64_t pixel_chunks = (pixels + kBackwardPixelChunk - 1) / kBackwardPixelChunk;
+  // The im2col blocks' pixels: their columns within the forward's 4 MiB per task (deform_conv2d_block_pixels).
+  const int64_t im2col_pixels = std::min(kBackwardPixelChunk, deform_conv2d_block_pixels(s, sizeof(T)));
+  const int64_t im2col_blocks = (pixels + im2col_pixels - 1) / im2col_pixels;
   std::vector<SampledTap<T>> sampled(static_cast<size_t>(s.offset_groups * taps * pixels));
   const int64_t corner_offset[4] = {0, 1, s.width, s.width + 1};
 
   for (int64_t n = 0; n < s.batch; ++n) {
-    const T* image_hwc = input_hwc.data() + n * plane * s.in_channels;
+    if (n > 0) {
+      deform_conv2d_layouts(input + n * s.in_channels * plane, weight, one_image, input_hwc.data(), weight_k.data(),
+                            parallel_for);
+    }
+    const T* image_hwc = input_hwc.data();
     const T* image_offset = offset + n * 2 * s.offset_groups * taps * pixels;
     const T* image_mask = mask != nullptr ? mask + n * s.offset_groups * taps * pixels : nullptr;
     const T* image_grad = grad_out + n * s.out_channels * pixels;
@@ -256,8 +268,8 @@ void deform_conv2d_backward(const T* input, const T* weight, const T* offset, co
     });
 
     // 2. The columns channel-major (the forward's pixel-major im2col of a block, transposed), and grad_out^T.
-    parallel_for(pixel_chunks, [&](int64_t chunk) {
-      const int64_t first = chunk * kBackwardPixelChunk, count = std::min(kBackwardPixelChunk, pixels - first);
+    parallel_for(im2col_blocks, [&](int64_t chunk) {
+      const int64_t first = chunk * im2col_pixels, count = std::min(im2col_pixels, pixels - first);
       const ThreadScratch block(sizeof(T) * static_cast<size_t>(count * ld));  // im2col writes all of it
       deformable_im2col_block(image_hwc, zeros.data(), image_offset, image_mask, s, first, count, block.get<T>(), ld);
       transpose_block(static_cast<const T*>(block.get<T>()), ld, columns.data() + first, pixels, count, ld);
