@@ -137,3 +137,74 @@ def test_inspect_says_which_nodes_run_on_the_cuda_provider(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=imports), str(path))
     result = _run("-m", "opbridge_ort", "inspect", str(path), cwd=tmp_path)
     assert "CUDA" in result.stdout.splitlines()[4] and "CUDA: whether the node runs" in result.stdout, result.stdout
+
+
+def _bfloat16_model():
+    """mmcv::grid_sampler and opbridge::MyAdd on bfloat16 values (cast from float inputs inside the graph)."""
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
+        helper.make_node("Cast", ["g"], ["gb"], to=TensorProto.BFLOAT16),
+        helper.make_node("grid_sampler", ["xb", "gb"], ["s"], domain="mmcv"),
+        helper.make_node("MyAdd", ["xb", "xb"], ["a"], domain="opbridge"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, 2, 2]) for n in ("x", "g")],
+        [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, None) for n in ("s", "a")],
+    )
+    imports = [helper.make_opsetid(d, v) for d, v in (("", 17), ("mmcv", 1), ("opbridge", 1))]
+    model = helper.make_model(graph, opset_imports=imports)
+    model.ir_version = 8
+    return model
+
+
+def test_inspect_checks_the_element_types_of_the_library_nodes(tmp_path):
+    """A library node is reported by the element types of its inputs, not by its op type alone: the library's
+    grid_sampler has no bfloat16 kernel (NO, with the types it takes), its MyAdd has one on the CPU only (so not on
+    the CUDA provider)."""
+    from opbridge_ort.inspect import _cuda_column, inspect_model
+
+    _, reports = inspect_model(_bfloat16_model())
+    by_op = {(r.domain, r.op_type): r for r in reports}
+    grid, add = by_op[("mmcv", "grid_sampler")], by_op[("opbridge", "MyAdd")]
+    assert not grid.with_library and grid.cuda == "-"
+    assert grid.how == (
+        "no kernel in the opbridge library for these input types (xb: bfloat16, gb: bfloat16); "
+        "it takes every floating input float, double or float16"
+    )
+    assert add.with_library and add.element_types == {"bfloat16"}
+    assert _cuda_column(add, {("opbridge", "MyAdd")}, None) == "no"
+    add.element_types = {"float16"}
+    assert _cuda_column(add, {("opbridge", "MyAdd")}, None) == "yes"
+    path = tmp_path / "bf16.onnx"
+    onnx.save(_bfloat16_model(), str(path))
+    result = _run("-m", "opbridge_ort", "inspect", str(path), cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    row = next(line for line in result.stdout.splitlines() if "grid_sampler" in line and "kernel" in line)
+    assert row.split()[3:6] == ["NO", "NO", "-"], row
+    assert "mmcv::grid_sampler: cast the node's floating inputs to one type it takes" in result.stdout
+
+
+def test_session_error_names_the_inputs_whose_types_have_no_kernel():
+    """ORT refuses a float16 DeformConv2d with a float32 offset with a message naming neither the input nor the types
+    the node takes; opbridge_ort.InferenceSession adds both (inspect's check) to ORT's own error."""
+    node = helper.make_node("DeformConv2d", ["X", "W", "offset"], ["Y"], domain="opbridge", kernel_shape=[3, 3])
+    inputs = [("X", TensorProto.FLOAT16), ("W", TensorProto.FLOAT16), ("offset", TensorProto.FLOAT)]
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(name, t, None) for name, t in inputs],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("opbridge", 1)])
+    model.ir_version = 8
+    with pytest.raises(Exception) as caught:
+        opbridge_ort.InferenceSession(model)
+    assert type(caught.value).__module__.startswith("onnxruntime"), type(caught.value)  # ORT's own error, extended
+    assert (
+        "opbridge::DeformConv2d: no kernel in the opbridge library for these input types (X: float16, W: float16, "
+        "offset: float); it takes every floating input float, double or float16"
+    ) in str(caught.value)
+    model.graph.input[2].type.tensor_type.elem_type = TensorProto.FLOAT16  # one type: loads
+    assert opbridge_ort.InferenceSession(model) is not None

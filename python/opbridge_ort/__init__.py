@@ -43,6 +43,8 @@ __all__ = [
 
 #: The ONNX domain of opbridge's custom ops.
 DOMAIN = "opbridge"
+# How inspect's report of a library node begins where the library has no kernel for its inputs' element types.
+NO_KERNEL_FOR_TYPES = "no kernel in the opbridge library for these input types"
 _LIBRARY_NAME = "libopbridge_ort.so"
 _CUDA_LIBRARY_NAME = "libopbridge_ort_cuda.so"
 # Each op's C++ file leaves this marker in the library (OPBRIDGE_ORT_OP in cpp/ort/api.h).
@@ -229,9 +231,36 @@ def InferenceSession(
         raise TypeError(
             f"model must be a path, the bytes of a serialized model or an onnx.ModelProto, got {type(model).__name__}"
         )
-    return onnxruntime.InferenceSession(
-        model,
-        sess_options=session_options(sess_options),
-        providers=providers if providers is not None else ["CPUExecutionProvider"],
-        **kwargs,
-    )
+    try:
+        return onnxruntime.InferenceSession(
+            model,
+            sess_options=session_options(sess_options),
+            providers=providers if providers is not None else ["CPUExecutionProvider"],
+            **kwargs,
+        )
+    except Exception as error:
+        # ORT's message for a library node given element types it has no kernel for names neither the input nor
+        # the types it takes ("no kernel def matches node inputs"): inspect's check of each node says both.
+        problems = _element_type_problems(model) if "type" in str(error).lower() else []
+        if not problems:
+            raise
+        message = f"{error}\n" + "\n".join(problems)
+        try:
+            better = type(error)(message)
+        except Exception:
+            better = RuntimeError(message)
+        raise better from error
+
+
+def _element_type_problems(model: str | bytes) -> list[str]:
+    """What inspect says of the library's nodes in ``model`` that have no kernel for their inputs' element types."""
+    try:
+        import onnx
+
+        from .inspect import inspect_model
+
+        proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model, load_external_data=False)
+        _, reports = inspect_model(proto)
+    except Exception:  # no onnx, or a model it cannot read: ORT's own error stands
+        return []
+    return [f"{r.domain}::{r.op_type}: {r.how}" for r in reports if r.how.startswith(NO_KERNEL_FOR_TYPES)]

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from . import DOMAIN, cuda_library_path, foreign_ops, openmmlab, ops
+from . import DOMAIN, NO_KERNEL_FOR_TYPES, cuda_library_path, foreign_ops, openmmlab, ops
 
 STANDARD_DOMAINS = ("", "ai.onnx")
+# The element types of the CUDA library's nodes (cpp/ort/cuda/*.cc): no bfloat16 node there.
+CUDA_ELEMENT_TYPES = ("float", "double", "float16")
+# A node's floating inputs: the types a library node may declare.
+_FLOATING = {1: "float", 11: "double", 10: "float16", 16: "bfloat16"}
 FUNCTION_DOMAIN = "opbridge.functions"
 
 
@@ -30,6 +35,7 @@ class OpReport:
     how: str
     advice: str = ""
     cuda: str = "?"  # on ORT's CUDA execution provider: "yes", "no" (runs on the CPU provider) or "?" (unknown here)
+    element_types: set[str] = field(default_factory=set)  # of the library's nodes' floating inputs, where known
 
 
 def _kernels(provider: str = "CPUExecutionProvider") -> dict[tuple[str, str], list[tuple[int, int]]]:
@@ -55,11 +61,13 @@ def _cuda_column(report: OpReport, cuda_nodes, ort_cuda_kernels) -> str:
     """Whether a node runs on ORT's CUDA execution provider: the library's CUDA nodes by their marker, standard ops
     by the runtime's own CUDA kernels (known only to an onnxruntime built with that provider)."""
     key = (report.domain, report.op_type)
-    if key[0] == DOMAIN or report.how.endswith("run by the opbridge library") or openmmlab.find(*key) is not None:
+    if _run_by_library(report) or openmmlab.find(*key) is not None:
         if not report.with_library:
             return "-"
         if cuda_nodes is None:
             return "no"  # no CUDA library in this installation: the CPU provider runs it
+        if report.element_types - set(CUDA_ELEMENT_TYPES):
+            return "no"  # e.g. MyAdd in bfloat16: a CPU kernel only
         return "yes" if key in cuda_nodes else "no"
     if report.how.startswith(("turned into an initializer", "model-local ONNX function", "expanded from")):
         return "yes"  # no kernel of its own
@@ -67,6 +75,101 @@ def _cuda_column(report: OpReport, cuda_nodes, ort_cuda_kernels) -> str:
         return "?"
     ranges = ort_cuda_kernels.get(key, [])
     return "yes" if report.opset is not None and any(low <= report.opset <= high for low, high in ranges) else "no"
+
+
+def _run_by_library(report: OpReport) -> bool:
+    return report.domain == DOMAIN or report.how.endswith("run by the opbridge library")
+
+
+def _element_types(model) -> dict[str, int]:
+    """The element type of each value of ``model``'s main graph that declares or infers one."""
+    import onnx
+
+    with contextlib.suppress(Exception):  # e.g. past protobuf's 2 GB: what the model declares
+        model = onnx.shape_inference.infer_shapes(model)
+    graph = model.graph
+    types = {t.name: t.data_type for t in graph.initializer}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+            types[value.name] = value.type.tensor_type.elem_type
+    return types
+
+
+def _check_element_types(model, reports: list[OpReport]) -> None:
+    """Whether the library has a kernel for the element types of each of its nodes in ``model``'s main graph (where
+    they are known): each distinct (node, input types) is created alone in a CPU session with the library. A node
+    with none is no longer reported as runnable, and the report says which types it takes instead."""
+    wanted = {(r.domain, r.op_type): r for r in reports}
+    if not wanted:
+        return
+    types = _element_types(model)
+    opsets = list(model.opset_import)
+    answers: dict[tuple, str | None] = {}
+    for node in model.graph.node:
+        report = wanted.get(("" if node.domain in STANDARD_DOMAINS else node.domain, node.op_type))
+        if report is None:
+            continue
+        signature = tuple(types.get(name) if name else 0 for name in node.input)  # 0: an optional input left out
+        if None in signature:
+            continue  # a type this graph does not say
+        report.element_types.update(_FLOATING[t] for t in signature if t in _FLOATING)
+        key = (node.domain, node.op_type, signature, node.SerializeToString(deterministic=True))
+        if key not in answers:
+            answers[key] = _type_mismatch(node, signature, opsets)
+        if answers[key] is not None and report.with_library:
+            report.with_library = False
+            report.how = answers[key]
+            report.advice = (
+                "cast the node's floating inputs to one type it takes (a Cast node before it); opbridge's exporter "
+                "writes such casts for a mix of types (e.g. float32 rois, offsets or locations beside float16 "
+                "features)"
+            )
+
+
+def _type_mismatch(node, signature: tuple[int, ...], opsets) -> str | None:
+    """Why the library has no kernel for ``node`` with inputs of these element types, or None where it has one (or
+    the node fails for another reason, which the whole model's session reports)."""
+    error = _loads_alone(node, signature, opsets)
+    # ORT's two refusals of a custom node's input types (a type no kernel declares; a mix no kernel declares).
+    if error is None or not any(text in error for text in ("Type Error: Type 'tensor(", "no kernel def matches")):
+        return None
+    names = ", ".join(f"{name}: {_type_name(t)}" for name, t in zip(node.input, signature, strict=True) if name)
+    takes = [
+        name
+        for code, name in _FLOATING.items()
+        if _loads_alone(node, tuple(code if t in _FLOATING else t for t in signature), opsets) is None
+    ]
+    if not takes:
+        return f"{NO_KERNEL_FOR_TYPES} ({names})"
+    takes_text = takes[0] if len(takes) == 1 else ", ".join(takes[:-1]) + " or " + takes[-1]
+    return f"{NO_KERNEL_FOR_TYPES} ({names}); it takes every floating input {takes_text}"
+
+
+def _type_name(code: int) -> str:
+    import onnx
+
+    return _FLOATING.get(code) or onnx.helper.tensor_dtype_to_np_dtype(code).name
+
+
+def _loads_alone(node, signature: tuple[int, ...], opsets) -> str | None:
+    """The error of a CPU session with the library of a graph of ``node`` alone, its inputs of these element types
+    (no shapes); None where it loads."""
+    import onnx
+    from onnx import helper
+
+    inputs = [f"input_{k}" if t else "" for k, t in enumerate(signature)]
+    alone = helper.make_node(node.op_type, inputs, [f"output_{k}" for k in range(len(node.output))], domain=node.domain)
+    alone.attribute.extend(node.attribute)
+    graph = helper.make_graph(
+        [alone],
+        "alone",
+        [helper.make_tensor_value_info(name, t, None) for name, t in zip(inputs, signature, strict=True) if t],
+        [onnx.ValueInfoProto(name=name) for name in alone.output],
+    )
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = min(model.ir_version, 9)
+    error = _try_session(model.SerializeToString(), True)
+    return None if error == "loads" else error
 
 
 def _schema_function_body(domain: str, op_type: str, opset: int) -> bool:
@@ -167,6 +270,7 @@ def inspect_model(model) -> tuple[dict[str, int], list[OpReport]]:
                 "re-export with a rule that emits standard ops (opbridge.onnx.export(..., lowering='standard'))"
             )
         reports.append(report)
+    _check_element_types(model, [r for r in reports if r.with_library and _run_by_library(r)])
     cuda_nodes = _cuda_nodes()
     ort_cuda_kernels = _kernels("CUDAExecutionProvider") if _runtime_has_cuda() else None
     for report in reports:
