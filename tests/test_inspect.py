@@ -139,19 +139,23 @@ def test_inspect_says_which_nodes_run_on_the_cuda_provider(tmp_path):
     assert "CUDA" in result.stdout.splitlines()[4] and "CUDA: whether the node runs" in result.stdout, result.stdout
 
 
-def _bfloat16_model():
-    """mmcv::grid_sampler and opbridge::MyAdd on bfloat16 values (cast from float inputs inside the graph)."""
+def _mixed_model():
+    """mmcv::grid_sampler on float16 features and a float32 grid, opbridge::MyAdd on bfloat16 values (cast from float
+    inputs inside the graph)."""
     nodes = [
+        helper.make_node("Cast", ["x"], ["xh"], to=TensorProto.FLOAT16),
         helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
-        helper.make_node("Cast", ["g"], ["gb"], to=TensorProto.BFLOAT16),
-        helper.make_node("grid_sampler", ["xb", "gb"], ["s"], domain="mmcv"),
+        helper.make_node("grid_sampler", ["xh", "g"], ["s"], domain="mmcv"),
         helper.make_node("MyAdd", ["xb", "xb"], ["a"], domain="opbridge"),
     ]
     graph = helper.make_graph(
         nodes,
         "g",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, 2, 2]) for n in ("x", "g")],
-        [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, None) for n in ("s", "a")],
+        [
+            helper.make_tensor_value_info("s", TensorProto.FLOAT16, None),
+            helper.make_tensor_value_info("a", TensorProto.BFLOAT16, None),
+        ],
     )
     imports = [helper.make_opsetid(d, v) for d, v in (("", 17), ("mmcv", 1), ("opbridge", 1))]
     model = helper.make_model(graph, opset_imports=imports)
@@ -161,24 +165,24 @@ def _bfloat16_model():
 
 def test_inspect_checks_the_element_types_of_the_library_nodes(tmp_path):
     """A library node is reported by the element types of its inputs, not by its op type alone: the library's
-    grid_sampler has no bfloat16 kernel (NO, with the types it takes), its MyAdd has one on the CPU only (so not on
-    the CUDA provider)."""
+    grid_sampler has no kernel for float16 features beside a float32 grid (NO, with the types it takes), its bfloat16
+    MyAdd runs on the CPU only (so not on the CUDA provider)."""
     from opbridge_ort.inspect import _cuda_column, inspect_model
 
-    _, reports = inspect_model(_bfloat16_model())
+    _, reports = inspect_model(_mixed_model())
     by_op = {(r.domain, r.op_type): r for r in reports}
     grid, add = by_op[("mmcv", "grid_sampler")], by_op[("opbridge", "MyAdd")]
     assert not grid.with_library and grid.cuda == "-"
     assert grid.how == (
-        "no kernel in the opbridge library for these input types (xb: bfloat16, gb: bfloat16); "
-        "it takes every floating input float, double or float16"
+        "no kernel in the opbridge library for these input types (xh: float16, g: float); "
+        "it takes every floating input float, double, float16 or bfloat16"
     )
     assert add.with_library and add.element_types == {"bfloat16"}
     assert _cuda_column(add, {("opbridge", "MyAdd")}, None) == "no"
     add.element_types = {"float16"}
     assert _cuda_column(add, {("opbridge", "MyAdd")}, None) == "yes"
-    path = tmp_path / "bf16.onnx"
-    onnx.save(_bfloat16_model(), str(path))
+    path = tmp_path / "mixed.onnx"
+    onnx.save(_mixed_model(), str(path))
     result = _run("-m", "opbridge_ort", "inspect", str(path), cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     row = next(line for line in result.stdout.splitlines() if "grid_sampler" in line and "kernel" in line)
@@ -204,7 +208,7 @@ def test_session_error_names_the_inputs_whose_types_have_no_kernel():
     assert type(caught.value).__module__.startswith("onnxruntime"), type(caught.value)  # ORT's own error, extended
     assert (
         "opbridge::DeformConv2d: no kernel in the opbridge library for these input types (X: float16, W: float16, "
-        "offset: float); it takes every floating input float, double or float16"
+        "offset: float); it takes every floating input float, double, float16 or bfloat16"
     ) in str(caught.value)
     model.graph.input[2].type.tensor_type.elem_type = TensorProto.FLOAT16  # one type: loads
     assert opbridge_ort.InferenceSession(model) is not None

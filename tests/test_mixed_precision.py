@@ -708,6 +708,91 @@ def test_ort_float16_node_is_its_float32_node_rounded_once(index):
         assert want.size > 0 or name.endswith("NMSMatch"), f"{name}: an empty output checks nothing"
 
 
+def _as_bfloat16(model: bytes) -> bytes:
+    """The float16 model with bfloat16 in its place, fed and read in float32 (numpy has no bfloat16): each float16
+    graph input is cast to bfloat16 inside the graph, each float16 output cast back to float32 (both exact)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    proto = onnx.load_from_string(model)
+    graph = proto.graph
+    head, tail = [], []
+    for value, at_input in [*((v, True) for v in graph.input), *((v, False) for v in graph.output)]:
+        if value.type.tensor_type.elem_type != TensorProto.FLOAT16:
+            continue
+        value.type.tensor_type.elem_type = TensorProto.FLOAT
+        inner = value.name + "_bfloat16"
+        for node in graph.node:
+            names = node.input if at_input else node.output
+            names[:] = [inner if name == value.name else name for name in names]
+        if at_input:
+            head.append(helper.make_node("Cast", [value.name], [inner], to=TensorProto.BFLOAT16))
+        else:
+            tail.append(helper.make_node("Cast", [inner], [value.name], to=TensorProto.FLOAT))
+    nodes = [*head, *graph.node, *tail]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return proto.SerializeToString()
+
+
+def _bfloat16_node_cases():
+    """(name, model builder taking a dtype, feeds) for the nodes of the CPU library that _float16_node_cases leaves
+    to tests of their own: the deformable convolutions, MSDA (query- and head-major), grid_sampler, MyAdd."""
+    import numpy as np
+
+    dcn, grid_sampler, msda, my_add = _ort_cases()
+    rng = np.random.default_rng(3)
+    feeds, attributes = dcn.deform_case(rng, np.float32, stride=(1, 1), pads=(1, 1, 1, 1), k=(3, 3))
+    common = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 2, "deform_groups": 2}
+    mmcv = {"input": feeds["X"], "offset": feeds["offset"], "mask": feeds["mask"], "weight": feeds["W"],
+            "bias": feeds["B"]}  # fmt: skip
+    cases = [
+        ("opbridge::DeformConv2d", lambda d: dcn.deform_model(d, **attributes), feeds),
+        *[(f"{domain}::MMCVModulatedDeformConv2d", lambda d, domain=domain: dcn.mmcv_model(domain, d, **common), mmcv)
+          for domain in ("mmcv", "mmdeploy")],
+        ("mmcv::MMCVDeformConv2d", lambda d: dcn.dcn_v1_model("mmcv", d, **common),
+         {k: mmcv[k] for k in ("input", "offset", "weight")}),
+        ("opbridge::MyAdd", lambda d: my_add.my_add_model(d), {"A": rng.standard_normal((3, 5)),
+                                                              "B": rng.standard_normal((3, 5))}),
+    ]  # fmt: skip
+    for queries in (7, 2500):  # the decoder's query-major order, the encoder's head-major one
+        msda_feeds = msda.msda_case(rng, np.float32, 2, ((40, 50), (20, 25)), queries, 4, 24, 4)
+        for op_type, domain in (("MultiScaleDeformableAttention", "opbridge"),
+                                ("MMCVMultiScaleDeformableAttention", "mmdeploy")):  # fmt: skip
+            cases.append((f"{domain}::{op_type} ({queries} queries)",
+                          lambda d, o=op_type, m=domain: msda.msda_model(d, o, m), msda_feeds))  # fmt: skip
+    x, grid = rng.standard_normal((2, 3, 6, 9)), rng.uniform(-1.3, 1.3, (2, 5, 7, 2))
+    for interpolation in ("bilinear", "nearest", "bicubic"):
+        symbolic = grid_sampler.as_symbolic(interpolation, "zeros", False)
+        build = lambda d, a=symbolic: grid_sampler.grid_model(d, "mmcv", **a)  # noqa: E731
+        cases.append((f"mmcv::grid_sampler ({interpolation})", build, {"input": x, "grid": grid}))
+    return cases
+
+
+@pytest.mark.parametrize("index", range(19 + 12))
+def test_ort_bfloat16_node_is_its_float32_node_rounded_once(index):
+    """Every node of the CPU library takes bfloat16 (a model exported after .bfloat16()): it computes what its float32
+    node computes on the same values, rounded once to bfloat16 (bit for bit); integer outputs are equal."""
+    import numpy as np
+
+    _ort_cases()  # puts tests/ on the path
+    cases = _float16_node_cases() + _bfloat16_node_cases()
+    assert len(cases) == 19 + 12, "update the parametrization's range to the number of cases"
+    name, build, feeds = cases[index]
+    # bfloat16 values, held in float32 (what the model's casts give the node).
+    feeds = {k: torch.from_numpy(np.asarray(v, np.float32)).bfloat16().float().numpy() if v.dtype.kind == "f" else v
+             for k, v in feeds.items()}  # fmt: skip
+    wide = _ort_run_all(build(np.float32), feeds)
+    narrow = _ort_run_all(_as_bfloat16(build(np.float16)), feeds)
+    for got, want in zip(narrow, wide, strict=True):
+        if want.dtype == np.float32:
+            rounded = torch.from_numpy(want).bfloat16().float().numpy()
+            np.testing.assert_array_equal(got.view(np.uint32), rounded.view(np.uint32), err_msg=name)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=name)
+        assert want.size > 0 or name.endswith("NMSMatch"), f"{name}: an empty output checks nothing"
+
+
 def _ort_run_all(model: bytes, feeds: dict):
     import opbridge_ort
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -36,9 +37,12 @@ inline Ort::Status from_kernel(const kernels::Status& status) {
   return status.ok() ? Ort::Status(nullptr) : invalid_argument(status.message);
 }
 
-// float16 nodes on the CPU: the kernels compute in float32 on widened copies of the inputs and the output is rounded
-// once, as the torch ops do with half storage (cpp/torch/api.h, is_half). Ort::Float16_t holds the binary16 bits.
-// The kernels' element type for a node's element type: float16 is computed in float32.
+// float16 and bfloat16 nodes on the CPU: the kernels compute in float32 on widened copies of the inputs and the
+// output is rounded once, as the torch ops do with half storage (cpp/torch/api.h, is_half). Ort::Float16_t holds
+// the binary16 bits, Ort::BFloat16_t the bfloat16 bits (the top half of a float32).
+template <class T>
+inline constexpr bool is_half_v = std::is_same_v<T, Ort::Float16_t> || std::is_same_v<T, Ort::BFloat16_t>;
+// The kernels' element type for a node's element type: the half types are computed in float32.
 template <class T>
 struct KernelTypeOf {
   using type = T;
@@ -47,8 +51,38 @@ template <>
 struct KernelTypeOf<Ort::Float16_t> {
   using type = float;
 };
+template <>
+struct KernelTypeOf<Ort::BFloat16_t> {
+  using type = float;
+};
 template <class T>
 using kernel_type = typename KernelTypeOf<T>::type;
+
+// to[i] = the float value of half from[i] (exact), for i < count.
+template <class T>
+inline void widen_half(const T* from, float* to, int64_t count) {
+  static_assert(is_half_v<T>, "float16 or bfloat16");
+  const auto* bits = reinterpret_cast<const uint16_t*>(from);
+  if constexpr (std::is_same_v<T, Ort::Float16_t>) {
+    kernels::float16_to_float(bits, to, count);
+  } else {
+    for (int64_t i = 0; i < count; ++i) {
+      const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(to + i, &word, sizeof word);
+    }
+  }
+}
+
+// to[i] = from[i] rounded once to half (to nearest even; NaN stays NaN), for i < count.
+template <class T>
+inline void round_to_half(const float* from, T* to, int64_t count) {
+  static_assert(is_half_v<T>, "float16 or bfloat16");
+  if constexpr (std::is_same_v<T, Ort::Float16_t>) {
+    kernels::float_to_float16(from, reinterpret_cast<uint16_t*>(to), count);
+  } else {
+    kernels::round_to_bf16(reinterpret_cast<kernels::BFloat16*>(to), from, count);
+  }
+}
 
 inline int64_t element_count(const std::vector<int64_t>& shape) {
   int64_t count = 1;
@@ -61,16 +95,15 @@ inline int64_t element_count(const std::vector<int64_t>& shape) {
 struct HalfCopies;
 using HalfScratch = kernels::BasicThreadScratch<HalfCopies, 6>;
 
-// An input's data as a kernel reads it: the tensor's own, or a float32 copy of a float16 tensor.
+// An input's data as a kernel reads it: the tensor's own, or a float32 copy of a float16 or bfloat16 tensor.
 template <class T>
 class KernelInput {
  public:
   explicit KernelInput(const Ort::Custom::Tensor<T>& tensor)
       : KernelInput(tensor.Data(), element_count(tensor.Shape())) {}
-  KernelInput(const T* data, int64_t count) : copy_(std::is_same_v<T, Ort::Float16_t> ? bytes_of(count) : 0) {
-    if constexpr (std::is_same_v<T, Ort::Float16_t>) {
-      kernels::float16_to_float(reinterpret_cast<const uint16_t*>(data), copy_.get<float>(),
-                                std::max<int64_t>(count, 0));
+  KernelInput(const T* data, int64_t count) : copy_(is_half_v<T> ? bytes_of(count) : 0) {
+    if constexpr (is_half_v<T>) {
+      widen_half(data, copy_.get<float>(), std::max<int64_t>(count, 0));
       data_ = copy_.get<float>();
     } else {
       data_ = data;
@@ -88,15 +121,15 @@ class KernelInput {
 };
 
 // An output as a kernel writes it: the tensor's own memory, or a float32 buffer that finish() rounds into the
-// float16 tensor.
+// float16 or bfloat16 tensor.
 template <class T>
 class KernelOutput {
  public:
   KernelOutput(T* out, int64_t count)
       : out_(out),
         count_(std::max<int64_t>(count, 0)),
-        copy_(std::is_same_v<T, Ort::Float16_t> ? static_cast<size_t>(count_) * sizeof(float) : 0) {
-    if constexpr (std::is_same_v<T, Ort::Float16_t>) {
+        copy_(is_half_v<T> ? static_cast<size_t>(count_) * sizeof(float) : 0) {
+    if constexpr (is_half_v<T>) {
       data_ = copy_.get<float>();
     } else {
       data_ = out;
@@ -106,9 +139,7 @@ class KernelOutput {
   KernelOutput& operator=(const KernelOutput&) = delete;
   kernel_type<T>* get() { return data_; }
   void finish() {
-    if constexpr (std::is_same_v<T, Ort::Float16_t>) {
-      kernels::float_to_float16(copy_.get<float>(), reinterpret_cast<uint16_t*>(out_), count_);
-    }
+    if constexpr (is_half_v<T>) round_to_half(copy_.get<float>(), out_, count_);
   }
 
  private:

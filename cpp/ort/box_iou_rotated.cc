@@ -24,6 +24,7 @@ void append_box_iou_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   rotated_adapter::append_box_iou_rotated<Cpu, float>(ops);
   rotated_adapter::append_box_iou_rotated<Cpu, double>(ops);
   rotated_adapter::append_box_iou_rotated<Cpu, Ort::Float16_t>(ops);
+  rotated_adapter::append_box_iou_rotated<Cpu, Ort::BFloat16_t>(ops);
 }
 
 }  // namespace

@@ -26,12 +26,14 @@ void append_mmcv_carafe(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   carafe_adapter::append<Cpu, float>(ops);
   carafe_adapter::append<Cpu, double>(ops);
   carafe_adapter::append<Cpu, Ort::Float16_t>(ops);
+  carafe_adapter::append<Cpu, Ort::BFloat16_t>(ops);
 }
 
 void append_mmcv_carafe_naive(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   carafe_adapter::append_naive<Cpu, float>(ops);
   carafe_adapter::append_naive<Cpu, double>(ops);
   carafe_adapter::append_naive<Cpu, Ort::Float16_t>(ops);
+  carafe_adapter::append_naive<Cpu, Ort::BFloat16_t>(ops);
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ void append_typed(const char* op_type, std::vector<Ort::Custom::OrtLiteCustomOp*
   append_cumulative<Cpu, double, Max, Op>(op_type, ops);
   append_cumulative<Cpu, int64_t, Max, Op>(op_type, ops);
   append_cumulative<Cpu, Ort::Float16_t, Max, Op>(op_type, ops);
+  append_cumulative<Cpu, Ort::BFloat16_t, Max, Op>(op_type, ops);
 }
 
 void append_cummax(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) { append_typed<true, kCummax>("cummax", ops); }
@@ -38,6 +39,7 @@ void append_corner_pools(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   append_corner_pool<Cpu, float>(ops);
   append_corner_pool<Cpu, double>(ops);
   append_corner_pool<Cpu, Ort::Float16_t>(ops);
+  append_corner_pool<Cpu, Ort::BFloat16_t>(ops);
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ struct Cpu {
   static void deform_conv2d(const DeformConv2dState& state, OrtKernelContext* context, const T* x, const T* w,
                             const T* offset, const T* mask, const T* bias, T* out,
                             const kernels::DeformConv2dShape& shape) {
-    if constexpr (std::is_same_v<T, Ort::Float16_t>) {
+    if constexpr (is_half_v<T>) {
       const auto& s = shape;
       const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
       const KernelInput<T> xf(x, s.batch * s.in_channels * s.height * s.width);
@@ -47,12 +47,14 @@ struct Cpu {
   }
 };
 
-void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) { deform_conv2d_adapter::append<Cpu>(ops); }
+void append_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
+  deform_conv2d_adapter::append<Cpu, true>(ops);
+}
 void append_mmcv_modulated_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  deform_conv2d_adapter::append_mmcv_modulated<Cpu>(ops);
+  deform_conv2d_adapter::append_mmcv_modulated<Cpu, true>(ops);
 }
 void append_mmcv_deform_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  deform_conv2d_adapter::append_mmcv_v1<Cpu>(ops);
+  deform_conv2d_adapter::append_mmcv_v1<Cpu, true>(ops);
 }
 
 }  // namespace

@@ -84,13 +84,14 @@ Ort::Custom::OrtLiteCustomOp* make_op() {
   return op;
 }
 
-// float, double and float16 (a model after .half()): each device reads float16 as stored or widens it, computes
-// in float32 and rounds once.
-template <class Device>
+// float, double and float16 (a model after .half()), and bfloat16 where kBFloat16 (the CPU library): each device
+// reads a half type as stored or widens it, computes in float32 and rounds once.
+template <class Device, bool kBFloat16 = false>
 void append(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(make_op<Device, float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>());
   ops.push_back(make_op<Device, double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
   ops.push_back(make_op<Device, Ort::Float16_t, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16>());
+  if constexpr (kBFloat16) ops.push_back(make_op<Device, Ort::BFloat16_t, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16>());
 }
 
 // The nodes mmcv's and mmdeploy's exporters write, in the "mmcv" or "mmdeploy" domain, with int attributes
@@ -187,21 +188,27 @@ Ort::Custom::OrtLiteCustomOp* make_modulated_op() {
   return op;
 }
 
-template <class Device>
+template <class Device, bool kBFloat16 = false>
 void append_mmcv_modulated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(make_modulated_op<Device, float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>());
   ops.push_back(make_modulated_op<Device, double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>());
   ops.push_back(make_modulated_op<Device, Ort::Float16_t, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16>());
+  if constexpr (kBFloat16) {
+    ops.push_back(make_modulated_op<Device, Ort::BFloat16_t, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16>());
+  }
 }
 
-template <class Device>
+template <class Device, class T>
+Ort::Custom::OrtLiteCustomOp* make_v1_op() {
+  return complete_op(Ort::Custom::CreateLiteCustomOp<MmcvDeformConv2d<Device, T>>(kDcnV1Op, Device::kProvider));
+}
+
+template <class Device, bool kBFloat16 = false>
 void append_mmcv_v1(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  ops.push_back(
-      complete_op(Ort::Custom::CreateLiteCustomOp<MmcvDeformConv2d<Device, float>>(kDcnV1Op, Device::kProvider)));
-  ops.push_back(
-      complete_op(Ort::Custom::CreateLiteCustomOp<MmcvDeformConv2d<Device, double>>(kDcnV1Op, Device::kProvider)));
-  ops.push_back(complete_op(
-      Ort::Custom::CreateLiteCustomOp<MmcvDeformConv2d<Device, Ort::Float16_t>>(kDcnV1Op, Device::kProvider)));
+  ops.push_back(make_v1_op<Device, float>());
+  ops.push_back(make_v1_op<Device, double>());
+  ops.push_back(make_v1_op<Device, Ort::Float16_t>());
+  if constexpr (kBFloat16) ops.push_back(make_v1_op<Device, Ort::BFloat16_t>());
 }
 
 }  // namespace opbridge::ort::deform_conv2d_adapter

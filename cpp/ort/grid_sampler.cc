@@ -27,6 +27,7 @@ template <const char* Op>
 void append_grid_sampler(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   grid_sampler_adapter::append<Cpu, Op>(ops);
   grid_sampler_adapter::append_typed<Cpu, Ort::Float16_t, Op>(ops);
+  grid_sampler_adapter::append_typed<Cpu, Ort::BFloat16_t, Op>(ops);
 }
 
 }  // namespace

@@ -36,6 +36,7 @@ struct Cpu {
 void append_masked_conv2d(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   masked_conv2d_adapter::append<Cpu>(ops);
   masked_conv2d_adapter::append_half<Cpu>(ops);
+  masked_conv2d_adapter::append_half<Cpu, Ort::BFloat16_t, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16>(ops);
 }
 
 }  // namespace

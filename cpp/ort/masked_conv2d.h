@@ -75,12 +75,12 @@ void append(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   ops.push_back(make_op<Device, double, bool, kDouble, kBool>());
 }
 
-// float16 features, with a float16 or bool mask.
-template <class Device>
+// float16 (or, on the CPU, bfloat16) features, with a mask of their type or bool.
+template <class Device, class Half = Ort::Float16_t,
+          ONNXTensorElementDataType kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16>
 void append_half(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
-  constexpr auto kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-  ops.push_back(make_op<Device, Ort::Float16_t, Ort::Float16_t, kHalf, kHalf>());
-  ops.push_back(make_op<Device, Ort::Float16_t, bool, kHalf, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL>());
+  ops.push_back(make_op<Device, Half, Half, kHalf, kHalf>());
+  ops.push_back(make_op<Device, Half, bool, kHalf, ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL>());
 }
 
 }  // namespace opbridge::ort::masked_conv2d_adapter

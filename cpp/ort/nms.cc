@@ -79,12 +79,14 @@ void append_nms(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   nms_adapter::append_nms<nms_adapter::Cpu, float>(ops);
   nms_adapter::append_nms<nms_adapter::Cpu, double>(ops);
   nms_adapter::append_nms<nms_adapter::Cpu, Ort::Float16_t>(ops);
+  nms_adapter::append_nms<nms_adapter::Cpu, Ort::BFloat16_t>(ops);
 }
 
 void append_nms_match(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   nms_adapter::append_nms_match<nms_adapter::Cpu, float>(ops);
   nms_adapter::append_nms_match<nms_adapter::Cpu, double>(ops);
   nms_adapter::append_nms_match<nms_adapter::Cpu, Ort::Float16_t>(ops);
+  nms_adapter::append_nms_match<nms_adapter::Cpu, Ort::BFloat16_t>(ops);
 }
 
 void append_soft_nms(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
@@ -94,6 +96,8 @@ void append_soft_nms(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
       complete_op(Ort::Custom::CreateLiteCustomOp<SoftNonMaxSuppression<double>>("SoftNonMaxSuppression", kCpu)));
   ops.push_back(complete_op(
       Ort::Custom::CreateLiteCustomOp<SoftNonMaxSuppression<Ort::Float16_t>>("SoftNonMaxSuppression", kCpu)));
+  ops.push_back(complete_op(
+      Ort::Custom::CreateLiteCustomOp<SoftNonMaxSuppression<Ort::BFloat16_t>>("SoftNonMaxSuppression", kCpu)));
 }
 
 }  // namespace

@@ -17,12 +17,14 @@ void append_nms_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   nms_adapter::append_nms_rotated<Cpu, float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>(ops);
   nms_adapter::append_nms_rotated<Cpu, double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>(ops);
   nms_adapter::append_nms_rotated<Cpu, Ort::Float16_t, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16>(ops);
+  nms_adapter::append_nms_rotated<Cpu, Ort::BFloat16_t, ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16>(ops);
 }
 
 void append_mmdeploy_nms_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   nms_adapter::append_mmdeploy_nms_rotated<nms_adapter::Cpu, float>(ops);
   nms_adapter::append_mmdeploy_nms_rotated<nms_adapter::Cpu, double>(ops);
   nms_adapter::append_mmdeploy_nms_rotated<nms_adapter::Cpu, Ort::Float16_t>(ops);
+  nms_adapter::append_mmdeploy_nms_rotated<nms_adapter::Cpu, Ort::BFloat16_t>(ops);
 }
 
 }  // namespace

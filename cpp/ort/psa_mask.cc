@@ -24,6 +24,7 @@ void append_psa_mask(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   psa_mask_adapter::append<Cpu, float>(ops);
   psa_mask_adapter::append<Cpu, double>(ops);
   psa_mask_adapter::append<Cpu, Ort::Float16_t>(ops);
+  psa_mask_adapter::append<Cpu, Ort::BFloat16_t>(ops);
 }
 
 }  // namespace

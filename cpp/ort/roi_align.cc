@@ -25,6 +25,7 @@ void append_mmcv_roi_align(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {
   roi_align_adapter::append_typed<Cpu, float, Op>(ops);
   roi_align_adapter::append_typed<Cpu, double, Op>(ops);
   roi_align_adapter::append_typed<Cpu, Ort::Float16_t, Op>(ops);
+  roi_align_adapter::append_typed<Cpu, Ort::BFloat16_t, Op>(ops);
 }
 
 }  // namespace

@@ -32,6 +32,7 @@ void append_for(const char* op_type, std::vector<Ort::Custom::OrtLiteCustomOp*>&
   rotated_adapter::append_roi_align_rotated<Cpu, float, Op>(op_type, ops);
   rotated_adapter::append_roi_align_rotated<Cpu, double, Op>(op_type, ops);
   rotated_adapter::append_roi_align_rotated<Cpu, Ort::Float16_t, Op>(op_type, ops);
+  rotated_adapter::append_roi_align_rotated<Cpu, Ort::BFloat16_t, Op>(op_type, ops);
 }
 
 void append_roi_align_rotated(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {

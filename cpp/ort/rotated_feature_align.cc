@@ -27,6 +27,7 @@ void append_for(const char* op_type, std::vector<Ort::Custom::OrtLiteCustomOp*>&
   rotated_adapter::append_rotated_feature_align<Cpu, float, Op>(op_type, ops);
   rotated_adapter::append_rotated_feature_align<Cpu, double, Op>(op_type, ops);
   rotated_adapter::append_rotated_feature_align<Cpu, Ort::Float16_t, Op>(op_type, ops);
+  rotated_adapter::append_rotated_feature_align<Cpu, Ort::BFloat16_t, Op>(op_type, ops);
 }
 
 void append_rotated_feature_align(std::vector<Ort::Custom::OrtLiteCustomOp*>& ops) {

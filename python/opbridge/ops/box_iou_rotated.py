@@ -63,7 +63,7 @@ def box_iou_rotated(
         _checks.tensor(_OP, "boxes1", boxes1)
         _checks.tensor(_OP, "boxes2", boxes2)
         if mode not in _MODES:
-            raise ValueError(f"{_OP}: mode must be 'iou' or 'iof', got {mode!r}")
+            raise ValueError(f"{_OP}: mode must be 'iou' or 'iof', got '{mode}'")
     flag = 1 if mode == "iof" else 0
     return torch.ops.opbridge.box_iou_rotated(boxes1, boxes2, flag, bool(aligned), bool(clockwise))
 

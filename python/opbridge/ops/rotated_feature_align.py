@@ -68,7 +68,7 @@ def rotated_feature_align(
         if not (0 < spatial_scale < math.inf):
             raise ValueError(f"{_OP}: spatial_scale must be a positive finite number, got {spatial_scale}")
         if points not in (1, 5) or isinstance(points, bool):
-            raise ValueError(f"{_OP}: points must be 1 (the box center) or 5 (center and corners), got {points!r}")
+            raise ValueError(f"{_OP}: points must be 1 (the box center) or 5 (center and corners), got {points}")
     return torch.ops.opbridge.rotated_feature_align(features, best_rboxes, float(spatial_scale), int(points))
 
 
