@@ -771,19 +771,25 @@ def _bfloat16_node_cases():
 
 @pytest.mark.parametrize("index", range(19 + 12))
 def test_ort_bfloat16_node_is_its_float32_node_rounded_once(index):
-    """Every node of the CPU library takes bfloat16 (a model exported after .bfloat16()): it computes what its float32
-    node computes on the same values, rounded once to bfloat16 (bit for bit); integer outputs are equal."""
-    import numpy as np
+    """Every node of the CPU library takes bfloat16 (a model another tool wrote in bfloat16): it computes what its
+    float32 node computes on the same values, rounded once to bfloat16 (bit for bit), except the deformable
+    convolutions where this process multiplies in bfloat16 (one rounding more of each column); integer outputs are
+    equal."""
 
     _ort_cases()  # puts tests/ on the path
     cases = _float16_node_cases() + _bfloat16_node_cases()
     assert len(cases) == 19 + 12, "update the parametrization's range to the number of cases"
     name, build, feeds = cases[index]
-    # bfloat16 values, held in float32 (what the model's casts give the node).
-    feeds = {k: torch.from_numpy(np.asarray(v, np.float32)).bfloat16().float().numpy() if v.dtype.kind == "f" else v
-             for k, v in feeds.items()}  # fmt: skip
-    wide = _ort_run_all(build(np.float32), feeds)
-    narrow = _ort_run_all(_as_bfloat16(build(np.float16)), feeds)
+    if "DeformConv2d" in name and dcn_module.cpu_bf16_products():  # bfloat16 products: two roundings
+        _check_dcn_bfloat16_products(name, feeds, *_bfloat16_node_outputs(build, feeds))
+        return
+    _check_bfloat16_node(build, feeds, name)
+
+
+def _check_bfloat16_node(build, feeds, name):
+    import numpy as np
+
+    wide, narrow = _bfloat16_node_outputs(build, feeds)
     for got, want in zip(narrow, wide, strict=True):
         if want.dtype == np.float32:
             rounded = torch.from_numpy(want).bfloat16().float().numpy()
@@ -791,6 +797,72 @@ def test_ort_bfloat16_node_is_its_float32_node_rounded_once(index):
         else:
             np.testing.assert_array_equal(got, want, err_msg=name)
         assert want.size > 0 or name.endswith("NMSMatch"), f"{name}: an empty output checks nothing"
+
+
+def _bfloat16_node_outputs(build, feeds):
+    """The float32 node's outputs and the bfloat16 node's (as float32) on the same bfloat16 values."""
+    import numpy as np
+
+    # bfloat16 values, held in float32 (what the model's casts give the node).
+    feeds = {k: torch.from_numpy(np.asarray(v, np.float32)).bfloat16().float().numpy() if v.dtype.kind == "f" else v
+             for k, v in feeds.items()}  # fmt: skip
+    return _ort_run_all(build(np.float32), feeds), _ort_run_all(_as_bfloat16(build(np.float16)), feeds)
+
+
+_ORT_BF16_PATHS = """
+import pickle, sys
+sys.path.insert(0, sys.argv[2])
+import test_mixed_precision as t
+cases = [c for c in t._bfloat16_node_cases() if "DeformConv2d" in c[0]]
+results = [(name, feeds, *t._bfloat16_node_outputs(build, feeds)) for name, build, feeds in cases]
+with open(sys.argv[1], "wb") as f:
+    pickle.dump(results, f)
+"""
+
+
+@pytest.mark.parametrize("products", ["0", "1"])
+def test_ort_bfloat16_deform_conv_nodes_take_either_path(products, tmp_path):
+    """The ORT library's bfloat16 deformable convolution nodes (opbridge's, mmcv's DCNv2 and DCNv1, mmdeploy's), as
+    the torch op: OPBRIDGE_CPU_BF16_GEMM=0, the float32 node on the widened values rounded once (bit for bit); 1 (the
+    default on CPUs with AVX512-BF16), the columns rounded to bfloat16 and multiplied by kernels/linear_bf16.h: within
+    one rounding more of each product's column of the float64 value. Both run on any CPU."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    saved = tmp_path / "out.pickle"
+    env = dict(os.environ, OPBRIDGE_CPU_BF16_GEMM=products)
+    script = [sys.executable, "-c", _ORT_BF16_PATHS, str(saved), str(Path(__file__).parent)]
+    subprocess.run(script, env=env, check=True, timeout=300)
+    results = pickle.loads(saved.read_bytes())
+    assert len(results) == 4
+    for name, feeds, wide, narrow in results:
+        if products == "0":
+            ((want,), (got,)) = wide, narrow
+            assert np.array_equal(
+                got.view(np.uint32), torch.from_numpy(want).bfloat16().float().numpy().view(np.uint32)
+            ), name
+            continue
+        _check_dcn_bfloat16_products(name, feeds, wide, narrow)
+
+
+def _check_dcn_bfloat16_products(name, feeds, wide, narrow):
+    """A bfloat16 deformable convolution node that multiplies in bfloat16: within one rounding more of each product's
+    column of the float64 value, and not the float32 path's result."""
+    ((want,), (got,)) = wide, narrow
+    got = torch.from_numpy(got).bfloat16()  # exact: the model casts bfloat16 to float32
+    assert not torch.equal(got, torch.from_numpy(want).bfloat16()), f"{name}: the float32 path ran"
+    values = {k: torch.from_numpy(v).bfloat16().double() for k, v in feeds.items()}
+    x, offset, mask = values.get("X", values.get("input")), values["offset"], values.get("mask")
+    weight, bias = values.get("W", values.get("weight")), values.get("B", values.get("bias"))
+    if mask is None:
+        mask = torch.ones(offset.shape[0], offset.shape[1] // 2, *offset.shape[2:], dtype=torch.float64)
+    expected = dcn_module.reference(x, offset, weight, bias, padding=(1, 1), mask=mask)
+    assert_rounded_once(got, expected, torch.bfloat16, _dcn_product_terms(x, offset, weight, bias, mask))
 
 
 def _ort_run_all(model: bytes, feeds: dict):

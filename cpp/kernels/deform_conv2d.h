@@ -341,19 +341,6 @@ OPBRIDGE_DEFINE_BLEND4(double)
 }
 #endif
 
-// Whether this CPU has AVX512-BF16 (vcvtneps2bf16), checked once.
-inline bool cpu_has_avx512_bf16() {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f");
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
-
 // blend4 into bfloat16 columns, by what this CPU has (the same bits either way).
 [[maybe_unused]] static void blend4(BFloat16* __restrict out, const float* __restrict r0, const float* __restrict r1,
                                     const float* __restrict r2, const float* __restrict r3, float w0, float w1,

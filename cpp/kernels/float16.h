@@ -101,6 +101,19 @@ using float16 = SoftFloat16;
 #endif
 using bfloat16 = BFloat16;
 
+// Whether this CPU has AVX512-BF16 (vcvtneps2bf16, vdpbf16ps), checked once.
+inline bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 // The bfloat16 bits of v rounded to nearest even (BFloat16::from_float's result; NaN a quiet NaN), branch-free so
 // that loops of it vectorize.
 inline uint16_t bf16_bits(float v) {

@@ -2,6 +2,7 @@
 // threads, with the library's GEMM.
 #include "ort/deform_conv2d.h"
 
+#include "kernels/linear_bf16.h"
 #include "ort/gemm.h"
 
 #include <type_traits>
@@ -9,6 +10,25 @@
 
 namespace opbridge::ort {
 namespace {
+
+// bfloat16 nodes on CPUs with AVX512-BF16 (kernels::bf16_products_chosen): the columns sampled in float32 and
+// rounded to bfloat16, multiplied by kernels/linear_bf16.h (float32 sums, the bias added before the output's
+// rounding): two roundings, as the torch op's bfloat16 path (which multiplies with torch's oneDNN GEMM instead on
+// CPUs with AMX tiles).
+void bf16_products(OrtKernelContext* context, const Ort::BFloat16_t* x, const Ort::BFloat16_t* w,
+                   const Ort::BFloat16_t* offset, const Ort::BFloat16_t* mask, const Ort::BFloat16_t* bias,
+                   Ort::BFloat16_t* out, const kernels::DeformConv2dShape& s) {
+  using kernels::BFloat16;
+  const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;
+  if (s.batch * s.out_channels * pixels == 0) return;
+  const KernelInput<Ort::BFloat16_t> offset_f(offset, s.batch * s.offset_groups * taps * 2 * pixels);
+  const KernelInput<Ort::BFloat16_t> mask_f(mask, mask ? s.batch * s.offset_groups * taps * pixels : 0);
+  const auto halves = [](const auto* p) { return reinterpret_cast<const BFloat16*>(p); };
+  kernels::LinearBf16Packing linear;  // each weight group packed once for this call
+  kernels::deform_conv2d_bf16_products(halves(x), halves(w), offset_f.get(), mask ? mask_f.get() : nullptr,
+                                       bias ? halves(bias) : nullptr, reinterpret_cast<BFloat16*>(out), s,
+                                       SessionThreads(context), linear);
+}
 
 struct Cpu {
   static constexpr const char* kProvider = "CPUExecutionProvider";
@@ -21,6 +41,9 @@ struct Cpu {
   static void deform_conv2d(const DeformConv2dState& state, OrtKernelContext* context, const T* x, const T* w,
                             const T* offset, const T* mask, const T* bias, T* out,
                             const kernels::DeformConv2dShape& shape) {
+    if constexpr (std::is_same_v<T, Ort::BFloat16_t>) {
+      if (kernels::bf16_products_chosen()) return bf16_products(context, x, w, offset, mask, bias, out, shape);
+    }
     if constexpr (is_half_v<T>) {
       const auto& s = shape;
       const int64_t taps = s.kernel_h * s.kernel_w, pixels = s.out_h * s.out_w;

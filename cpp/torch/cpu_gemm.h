@@ -21,6 +21,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/linear_bf16.h"
+
 namespace opbridge::api {
 
 enum class CpuGemm { blas, onednn };
@@ -53,23 +55,9 @@ inline std::atomic<bool>& onednn_gemm_failed() {
 // float32 path's one): by default on x86 CPUs with AVX512-BF16 (Intel's with AMX have it too), where oneDNN's
 // bfloat16 GEMM takes half the float32 one's time (AMD EPYC Zen 5, one thread, 256 x 448 x 2304: 1.05 ms against
 // 2.09, 2026-11-28). OPBRIDGE_CPU_BF16_GEMM=0 or 1 overrides that choice (1 on a CPU without those instructions
-// is correct and slow: torch emulates them), read once; python/opbridge/ops/deform_conv2d.py mirrors it.
-inline bool use_bf16_products() {
-  static const bool chosen = [] {
-    if (const char* forced = std::getenv("OPBRIDGE_CPU_BF16_GEMM")) {
-      if (std::strcmp(forced, "0") == 0) return false;
-      if (std::strcmp(forced, "1") == 0) return true;
-      std::fprintf(stderr, "opbridge: OPBRIDGE_CPU_BF16_GEMM=%s is not one of 0, 1; ignored\n", forced);
-    }
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return static_cast<bool>(__builtin_cpu_supports("avx512bf16"));
-#else
-    return false;
-#endif
-  }();
-  return chosen;
-}
+// is correct and slow: torch emulates them), read once (kernels::bf16_products_chosen, which the ORT library's
+// bfloat16 nodes ask too); python/opbridge/ops/deform_conv2d.py mirrors it.
+inline bool use_bf16_products() { return kernels::bf16_products_chosen(); }
 
 inline bool use_onednn_gemm() {
   return cpu_gemm_choice() == CpuGemm::onednn && !onednn_gemm_failed().load(std::memory_order_relaxed);

@@ -8,6 +8,7 @@
 
 #include "kernels/deform_conv2d.h"
 #include "kernels/deform_conv2d_backward.h"
+#include "kernels/linear_bf16.h"
 #include "torch/api.h"
 #include "torch/deform_conv2d.h"
 
@@ -45,6 +46,18 @@ Tensor deform_conv2d_bf16_products(const Tensor& input, const Tensor& offset, co
   const auto w = api::contiguous(weight);
   const auto m = mask ? std::optional<Tensor>(api::contiguous(api::widened(*mask))) : std::nullopt;
   const auto b = bias ? std::optional<Tensor>(api::contiguous(*bias)) : std::nullopt;
+  const auto* x_data = static_cast<const BFloat16*>(x.const_data_ptr());
+  const auto* w_data = static_cast<const BFloat16*>(w.const_data_ptr());
+  const auto* b_data = b ? static_cast<const BFloat16*>(b->const_data_ptr()) : nullptr;
+  auto* out_data = static_cast<BFloat16*>(out.mutable_data_ptr());
+  if (kernels::linear_bf16_has_instructions() && !kernels::cpu_has_amx_bf16()) {
+    // The library's vdpbf16ps GEMM (kernels/linear_bf16.h), its weights packed once a forward: 1.1-1.2x oneDNN's
+    // through aten::linear here (AMD EPYC Zen 5, 2026-11-29), which stays the GEMM of CPUs with AMX tiles.
+    kernels::LinearBf16Packing linear;
+    kernels::deform_conv2d_bf16_products(x_data, w_data, api::data<float>(o), m ? api::data<float>(*m) : nullptr,
+                                         b_data, out_data, shape, parallel_for, linear);
+    return out;
+  }
   std::atomic<bool> failed{false};
   auto linear = [&](int64_t n, int64_t m_, int64_t k, const BFloat16* a, int64_t lda, const BFloat16* w_, int64_t ldw,
                     const BFloat16* bias_, BFloat16* c, int64_t c_row, int64_t c_col) {
@@ -54,11 +67,8 @@ Tensor deform_conv2d_bf16_products(const Tensor& input, const Tensor& offset, co
       failed = true;
     }
   };
-  kernels::deform_conv2d_bf16_products(static_cast<const BFloat16*>(x.const_data_ptr()),
-                                       static_cast<const BFloat16*>(w.const_data_ptr()), api::data<float>(o),
-                                       m ? api::data<float>(*m) : nullptr,
-                                       b ? static_cast<const BFloat16*>(b->const_data_ptr()) : nullptr,
-                                       static_cast<BFloat16*>(out.mutable_data_ptr()), shape, parallel_for, linear);
+  kernels::deform_conv2d_bf16_products(x_data, w_data, api::data<float>(o), m ? api::data<float>(*m) : nullptr, b_data,
+                                       out_data, shape, parallel_for, linear);
   OPBRIDGE_CHECK(!failed,
                  "opbridge::deform_conv2d: torch's bfloat16 linear (aten::linear) failed on this CPU; set "
                  "OPBRIDGE_CPU_BF16_GEMM=0 to compute bfloat16 input in float32 instead");

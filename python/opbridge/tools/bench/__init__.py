@@ -161,15 +161,24 @@ def ort_session(model: onnx.ModelProto, threads: int, with_library: bool) -> ort
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def bound_run(session: ort.InferenceSession, inputs: dict[str, np.ndarray], output: np.ndarray) -> Callable[[], None]:
-    """A zero-copy run: inputs and the output bound to numpy buffers."""
+def bound_run(
+    session: ort.InferenceSession, inputs: dict[str, np.ndarray], output: np.ndarray, uint16_as: int | None = None
+) -> Callable[[], None]:
+    """A zero-copy run: inputs and the output bound to numpy buffers. ``uint16_as``: the ONNX element type that
+    uint16 buffers hold (bfloat16 bits: numpy has no bfloat16)."""
+
+    def as_value(array: np.ndarray) -> ort.OrtValue:
+        if uint16_as is not None and array.dtype == np.uint16:
+            return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, uint16_as)
+        return ort.OrtValue.ortvalue_from_numpy(array)
+
     binding = session.io_binding()
     keep = []
     for name, array in inputs.items():
-        value = ort.OrtValue.ortvalue_from_numpy(array)
+        value = as_value(array)
         keep.append(value)
         binding.bind_ortvalue_input(name, value)
-    out_value = ort.OrtValue.ortvalue_from_numpy(output)
+    out_value = as_value(output)
     keep.append(out_value)
     binding.bind_ortvalue_output(session.get_outputs()[0].name, out_value)
 

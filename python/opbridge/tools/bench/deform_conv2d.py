@@ -9,6 +9,9 @@
 ``gemm``        the GEMMs of the same sizes alone: the faster of OpenBLAS's (its own threads) and ORT's own
                 (a MatMul node, MLAS), the two the ORT node can use (cpp/ort/gemm.h); the note names it,
 ``torch_op``    ``opbridge.deform_conv2d``; ``torch_torchvision``: torchvision's CPU kernel,
+``torch_op_bf16`` / ``torch_op_fp16``  the op with half input, weight and bias (offset and mask float32, as
+                autocast calls it); ``ort_custom_bf16`` / ``ort_custom_fp16``: a bfloat16 node (inputs bound as
+                bfloat16) and the float16 model's node,
 ``torch_backward`` / ``torchvision_backward``  all five gradients through each; ``torch_train`` /
                 ``torchvision_train``: a training step's share, the forward and all five gradients.
 """
@@ -57,7 +60,8 @@ TARGETS = [
     # convert half storage to float32 today, so elsewhere the ratio is reported without a bar).
     Target("torch_op_bf16", "torch_op", 1.5 if cpu_has_bf16() else None),
     Target("torch_op_fp16", "torch_op", None),
-    Target("ort_custom_fp16", "ort_custom", 1.5 if cpu_has_bf16() else None),
+    Target("ort_custom_bf16", "ort_custom", 1.5 if cpu_has_bf16() else None),
+    Target("ort_custom_fp16", "ort_custom", None),
 ]
 _NO_TORCHVISION = "n/a: torchvision's compiled ops do not load with this torch"
 
@@ -158,12 +162,51 @@ def _case(bench: Bench, shape: DeformShape, torchvision_op, blas: _OpenBLAS | No
         session = ort_session(half_model, threads, True)
         half_run = checked_run("ort_custom_fp16", session, half_inputs, half_want, 0, 2e-3 * scale)
         record(threads, "ort_custom_fp16", half_run)
+        session = ort_session(_bfloat16_node_model(module, shape.offset_groups), threads, True)
+        record(threads, "ort_custom_bf16", _bfloat16_run(session, inputs, want, scale))
         if torchvision_op is None:
             record(threads, "torch_torchvision", None, _NO_TORCHVISION)
         else:
             check_close("torch_torchvision", torch_torchvision().numpy(), want, 1e-4, 1e-4)
             record(threads, "torch_torchvision", torch_torchvision)
         _backward(record, threads, torchvision_op, (x, offset, weight, bias, mask))
+
+
+def _bfloat16_bits(array) -> np.ndarray:
+    """bfloat16 values (rounded to nearest even) as their bits: numpy has no bfloat16."""
+    return torch.as_tensor(np.asarray(array, np.float32)).bfloat16().view(torch.int16).numpy().view(np.uint16)
+
+
+def _bfloat16_node_model(module, offset_groups: int) -> onnx.ModelProto:
+    """One bfloat16 ``opbridge::DeformConv2d`` node with the module's weights: what a bfloat16 export by another tool
+    holds (opbridge's exporter writes casts around a float32 node for a bfloat16 model, which runs on any provider)."""
+    from onnx import TensorProto, helper
+
+    def initializer(name, tensor):
+        bits = _bfloat16_bits(tensor.detach().numpy())
+        return helper.make_tensor(name, TensorProto.BFLOAT16, list(tensor.shape), bits.tobytes(), raw=True)
+
+    attributes = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}
+    node = helper.make_node("DeformConv2d", ["input", "W", "offset", "B", "mask"], ["output"], domain="opbridge",
+                            offset_group=offset_groups, **attributes)  # fmt: skip
+    info = partial(helper.make_tensor_value_info, elem_type=TensorProto.BFLOAT16, shape=None)
+    weights = [initializer("W", module.weight), initializer("B", module.bias)]
+    inputs = [info(name) for name in ("input", "offset", "mask")]
+    graph = helper.make_graph([node], "deform_conv2d_bfloat16", inputs, [info("output")], initializer=weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19), helper.make_opsetid("opbridge", 1)])
+    model.ir_version = 8
+    return model
+
+
+def _bfloat16_run(session, inputs: dict[str, np.ndarray], want: np.ndarray, scale: float) -> Callable[[], None]:
+    """A zero-copy run of the bfloat16 node on the inputs rounded to bfloat16, checked once against float32's."""
+    out = np.empty(want.shape, np.uint16)
+    halves = {name: _bfloat16_bits(value) for name, value in inputs.items()}
+    run = bound_run(session, halves, out, uint16_as=onnx.TensorProto.BFLOAT16)
+    run()
+    got = torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).float().numpy()
+    check_close("ort_custom_bf16", got, want, 0.03, 0.03 * scale)
+    return run
 
 
 def notes(rows: list[Row]) -> list[str]:

@@ -1,0 +1,318 @@
+// A bfloat16 GEMM with float32 sums for the ORT library's bfloat16 deformable convolutions (kernels/deform_conv2d.h,
+// deform_conv2d_bf16_products), where the torch library calls torch's (oneDNN's) instead:
+//
+//   c[i * c_row + j * c_col] = bf16(sum_k a[i, k] * b[j, k] + bias[j])   for i < n, j < m
+//
+// a [n, k] and b [m, k] row-major (rows lda and ldb apart), bias [m] or null, all bfloat16; the sums in float32, the
+// products exact (two bfloat16 significands fit in a float32 one), added a pair of k at a time, the odd element of
+// the pair first (the order of vdpbf16ps); the result rounded once to nearest even (NaN stays NaN). On CPUs with
+// AVX512-BF16 by vdpbf16ps, 16 outputs a register (which reads subnormal inputs as zero and flushes subnormal sums:
+// the float32 sums otherwise bit for bit the portable loop's); elsewhere by that loop. Runs on the calling thread.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "kernels/float16.h"
+#include "kernels/scratch.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define OPBRIDGE_LINEAR_BF16_INSTRUCTIONS 1
+#endif
+
+namespace opbridge::kernels {
+
+// Panels of 16 rows of b, k in pairs: panel[(p * 16 + j) * 2 + e] = b[panel_first + j, 2p + e], zeros past m and k.
+constexpr int64_t kLinearPanel = 16;
+
+inline float bf16_value(uint16_t bits) {
+  const uint32_t word = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &word, sizeof value);
+  return value;
+}
+
+// The portable sums of one output: pairs of k in order, the odd element first. Not loop-vectorized: GCC 11 and 12
+// vectorize this reduction chain (two additions to one sum an iteration, the second element's first) into wrong
+// sums (1.28 for 0.288 on 576 products at -O3), which the kernel test caught.
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-loop-vectorize")))
+#endif
+inline float linear_bf16_sum(const uint16_t* a, const uint16_t* b, int64_t k) {
+  float sum = 0.0f;
+  int64_t p = 0;
+  for (; p + 2 <= k; p += 2) {
+    sum += bf16_value(a[p + 1]) * bf16_value(b[p + 1]);
+    sum += bf16_value(a[p]) * bf16_value(b[p]);
+  }
+  if (p < k) {
+    sum += 0.0f;  // the pair's missing odd element (times zero), as the vector path adds it
+    sum += bf16_value(a[p]) * bf16_value(b[p]);
+  }
+  return sum;
+}
+
+#if defined(OPBRIDGE_LINEAR_BF16_INSTRUCTIONS)
+// vdpbf16ps %zmm<m>, %zmm<v>, %zmm<d> (d += pairs of v times pairs of m) as bytes: the assemblers of the toolchains
+// the wheels are built with predate the mnemonic (as for vcvtneps2bf16 in deform_conv2d.h). Register numbers are
+// constant expressions the assembler evaluates: EVEX.512.F3.0F38.W0 52 /r.
+#define OPBRIDGE_DPBF16(d, v, m)                                                                        \
+  ".byte 0x62, ((((~(" #d "))>>3)&1)<<7)|((((~(" #m "))>>4)&1)<<6)|((((~(" #m "))>>3)&1)<<5)|((((~(" #d \
+  "))>>4)&1)<<4)|2, "                                                                                   \
+  "(((~(" #v "))&15)<<3)|6, 0x40|((((~(" #v "))>>4)&1)<<3), 0x52, 0xc0|(((" #d ")&7)<<3)|((" #m ")&7)"
+
+// Rows [0, R) of a's tile against two panels (32 outputs): sums[r * 32 + j]. Row r's sums in zmm(2r) and zmm(2r+1),
+// the panels' pair in zmm24 and zmm25, the row's pair of a broadcast in zmm26 (register variables: the operands
+// the instruction bytes name).
+// clang-format off
+#define OPBRIDGE_TILE_ROWS(X)                                                                                 \
+  X(0, 0, 1) X(1, 2, 3) X(2, 4, 5) X(3, 6, 7) X(4, 8, 9) X(5, 10, 11) X(6, 12, 13) X(7, 14, 15) X(8, 16, 17) \
+  X(9, 18, 19) X(10, 20, 21) X(11, 22, 23)
+// clang-format on
+#define OPBRIDGE_TILE_STEP(r, s0, s1)                                                           \
+  if constexpr (R > r) {                                                                        \
+    register __m512i pair_of_a asm("zmm26") = _mm512_set1_epi32(pair_at(a + r * lda + column)); \
+    asm(OPBRIDGE_DPBF16(s0, 26, 24) : "+v"(sums##s0) : "v"(pair_of_a), "v"(panel0));            \
+    asm(OPBRIDGE_DPBF16(s1, 26, 25) : "+v"(sums##s1) : "v"(pair_of_a), "v"(panel1));            \
+  }
+#define OPBRIDGE_TILE_STORE(r, s0, s1)              \
+  if constexpr (R > r) {                            \
+    _mm512_storeu_ps(sums + r * 32, sums##s0);      \
+    _mm512_storeu_ps(sums + r * 32 + 16, sums##s1); \
+  }
+
+template <int R>
+__attribute__((target("avx512f"))) void linear_bf16_tile(const uint16_t* a, int64_t lda, const uint16_t* panels,
+                                                         int64_t panel_stride, int64_t k, float* sums) {
+  register __m512 sums0 asm("zmm0") = _mm512_setzero_ps();
+  register __m512 sums1 asm("zmm1") = _mm512_setzero_ps();
+  register __m512 sums2 asm("zmm2") = _mm512_setzero_ps();
+  register __m512 sums3 asm("zmm3") = _mm512_setzero_ps();
+  register __m512 sums4 asm("zmm4") = _mm512_setzero_ps();
+  register __m512 sums5 asm("zmm5") = _mm512_setzero_ps();
+  register __m512 sums6 asm("zmm6") = _mm512_setzero_ps();
+  register __m512 sums7 asm("zmm7") = _mm512_setzero_ps();
+  register __m512 sums8 asm("zmm8") = _mm512_setzero_ps();
+  register __m512 sums9 asm("zmm9") = _mm512_setzero_ps();
+  register __m512 sums10 asm("zmm10") = _mm512_setzero_ps();
+  register __m512 sums11 asm("zmm11") = _mm512_setzero_ps();
+  register __m512 sums12 asm("zmm12") = _mm512_setzero_ps();
+  register __m512 sums13 asm("zmm13") = _mm512_setzero_ps();
+  register __m512 sums14 asm("zmm14") = _mm512_setzero_ps();
+  register __m512 sums15 asm("zmm15") = _mm512_setzero_ps();
+  register __m512 sums16 asm("zmm16") = _mm512_setzero_ps();
+  register __m512 sums17 asm("zmm17") = _mm512_setzero_ps();
+  register __m512 sums18 asm("zmm18") = _mm512_setzero_ps();
+  register __m512 sums19 asm("zmm19") = _mm512_setzero_ps();
+  register __m512 sums20 asm("zmm20") = _mm512_setzero_ps();
+  register __m512 sums21 asm("zmm21") = _mm512_setzero_ps();
+  register __m512 sums22 asm("zmm22") = _mm512_setzero_ps();
+  register __m512 sums23 asm("zmm23") = _mm512_setzero_ps();
+  const int64_t pairs = k / 2;
+  for (int64_t p = 0; p <= pairs; ++p) {
+    if (p == pairs && k % 2 == 0) break;
+    const int64_t column = 2 * p;
+    // The last element alone where k is odd: its pair's odd half zero (nothing read past the row).
+    const auto pair_at = [&](const uint16_t* at) {
+      if (p == pairs) return static_cast<int32_t>(at[0]);
+      int32_t pair;
+      std::memcpy(&pair, at, sizeof pair);
+      return pair;
+    };
+    register __m512i panel0 asm("zmm24") = _mm512_loadu_si512(panels + p * 2 * kLinearPanel);
+    register __m512i panel1 asm("zmm25") = _mm512_loadu_si512(panels + panel_stride + p * 2 * kLinearPanel);
+    OPBRIDGE_TILE_ROWS(OPBRIDGE_TILE_STEP)
+  }
+  OPBRIDGE_TILE_ROWS(OPBRIDGE_TILE_STORE)
+}
+#undef OPBRIDGE_TILE_ROWS
+#undef OPBRIDGE_TILE_STEP
+#undef OPBRIDGE_TILE_STORE
+#undef OPBRIDGE_DPBF16
+
+// Rows of a in tiles of 12 (24 accumulators, two panel registers and a broadcast: 27 of 32 registers).
+constexpr int kLinearRows = 12;
+
+template <int R = kLinearRows>
+void linear_bf16_rows(int rows, const uint16_t* a, int64_t lda, const uint16_t* panels, int64_t panel_stride, int64_t k,
+                      float* sums) {
+  if constexpr (R > 0) {
+    if (rows == R) return linear_bf16_tile<R>(a, lda, panels, panel_stride, k, sums);
+    return linear_bf16_rows<R - 1>(rows, a, lda, panels, panel_stride, k, sums);
+  }
+}
+#endif
+
+// Whether the instruction path runs on this CPU (AVX512-BF16).
+inline bool linear_bf16_has_instructions() {
+#if defined(OPBRIDGE_LINEAR_BF16_INSTRUCTIONS)
+  return cpu_has_avx512_bf16();
+#else
+  return false;
+#endif
+}
+
+// Whether this CPU has AMX-BF16 tiles (CPUID leaf 7, EDX bit 22: Intel Xeons since Sapphire Rapids), where oneDNN's
+// bfloat16 GEMM (torch's) runs on them, several times the vdpbf16ps kernel above.
+inline bool cpu_has_amx_bf16() {
+#if defined(OPBRIDGE_LINEAR_BF16_INSTRUCTIONS)
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && ((edx >> 22) & 1u) != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+// Whether bfloat16 deformable convolutions multiply in bfloat16 (deform_conv2d_bf16_products) on this CPU: where it
+// has AVX512-BF16, or as OPBRIDGE_CPU_BF16_GEMM=0 or 1 says (1 without the instructions: correct and slow), read
+// once. The torch library (cpp/torch/cpu_gemm.h) and the ORT library both ask this;
+// python/opbridge/ops/deform_conv2d.py mirrors it.
+inline bool bf16_products_chosen() {
+  static const bool chosen = [] {
+    if (const char* forced = std::getenv("OPBRIDGE_CPU_BF16_GEMM")) {
+      if (std::strcmp(forced, "0") == 0) return false;
+      if (std::strcmp(forced, "1") == 0) return true;
+      std::fprintf(stderr, "opbridge: OPBRIDGE_CPU_BF16_GEMM=%s is not one of 0, 1; ignored\n", forced);
+    }
+    return linear_bf16_has_instructions();
+  }();
+  return chosen;
+}
+
+struct LinearBf16Pool;
+
+// b [m, k] packed for the instruction path: panels of kLinearPanel rows, k in pairs,
+// data[panel * panel_stride + (p * 16 + j) * 2 + e] = b[panel * 16 + j, 2p + e], zeros past m and k (and one panel
+// more, so that outputs go by pairs of panels). Empty where the instruction path does not run (portable, no
+// AVX512-BF16, k = 0): linear_bf16 then reads b as it is.
+class LinearBf16Weights {
+ public:
+  LinearBf16Weights(const uint16_t* b, int64_t ldb, int64_t m, int64_t k, bool portable = false)
+      : b_(b), ldb_(ldb), m_(m), k_(k) {
+#if defined(OPBRIDGE_LINEAR_BF16_INSTRUCTIONS)
+    if (portable || !linear_bf16_has_instructions() || k <= 0 || m <= 0) return;
+    const int64_t pairs = (k + 1) / 2, panels = (m + kLinearPanel - 1) / kLinearPanel + 1;
+    panel_stride_ = pairs * 2 * kLinearPanel;
+    data_ = AlignedArray<uint16_t>(static_cast<size_t>(panels * panel_stride_));
+    uint16_t* packed = data_.get();
+    std::memset(packed, 0, sizeof(uint16_t) * static_cast<size_t>(panels * panel_stride_));
+    for (int64_t row = 0; row < m; ++row) {
+      uint16_t* to = packed + (row / kLinearPanel) * panel_stride_ + (row % kLinearPanel) * 2;
+      const uint16_t* from = b + row * ldb;
+      for (int64_t col = 0; col < k; ++col) to[(col / 2) * 2 * kLinearPanel + col % 2] = from[col];
+    }
+#else
+    (void)portable;
+#endif
+  }
+  bool packed() const { return data_.get() != nullptr; }
+
+ private:
+  friend void linear_bf16(int64_t, const LinearBf16Weights&, const uint16_t*, int64_t, const uint16_t*, uint16_t*,
+                          int64_t, int64_t);
+  const uint16_t* b_;
+  int64_t ldb_, m_, k_, panel_stride_ = 0;
+  AlignedArray<uint16_t> data_;
+};
+
+// The GEMM above for weights packed once (deform_conv2d multiplies every block of columns by the same weights).
+inline void linear_bf16(int64_t n, const LinearBf16Weights& w, const uint16_t* a, int64_t lda, const uint16_t* bias,
+                        uint16_t* c, int64_t c_row, int64_t c_col) {
+  const int64_t m = w.m_, k = w.k_;
+  if (n <= 0 || m <= 0) return;
+#if defined(OPBRIDGE_LINEAR_BF16_INSTRUCTIONS)
+  if (w.packed()) {
+    // Rounded results pixel-major ([n, m]) where c's rows are its columns (c_row 1: deform_conv2d's output planes),
+    // then transposed in tiles: stores an output plane apart (often a multiple of 4 KiB) per element thrashed the
+    // cache (the C64 128x128 forward's GEMMs took 2x as long).
+    const bool transposed = c_row == 1 && c_col != 1;
+    BasicThreadScratch<LinearBf16Pool, 1> result_memory(transposed ? sizeof(uint16_t) * static_cast<size_t>(n * m) : 0);
+    uint16_t* result = transposed ? result_memory.get<uint16_t>() : c;
+    const int64_t result_row = transposed ? m : c_row, result_col = transposed ? 1 : c_col;
+    alignas(64) float sums[kLinearRows * 32];
+    float bias_values[32];
+    for (int64_t panel = 0; panel * kLinearPanel < m; panel += 2) {
+      const int64_t first = panel * kLinearPanel, outputs = std::min<int64_t>(32, m - first);
+      for (int64_t j = 0; j < outputs; ++j) bias_values[j] = bias != nullptr ? bf16_value(bias[first + j]) : 0.0f;
+      const uint16_t* panels = w.data_.get() + panel * w.panel_stride_;
+      for (int64_t i0 = 0; i0 < n; i0 += kLinearRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kLinearRows, n - i0));
+        linear_bf16_rows(rows, a + i0 * lda, lda, panels, w.panel_stride_, k, sums);
+        for (int r = 0; r < rows; ++r) {
+          const float* row = sums + r * 32;
+          uint16_t* to = result + (i0 + r) * result_row + first * result_col;
+          if (result_col == 1 && bias != nullptr) {  // contiguous: a loop the compiler vectorizes
+            for (int64_t j = 0; j < outputs; ++j) to[j] = bf16_bits(row[j] + bias_values[j]);
+          } else if (result_col == 1) {  // no bias: nothing added (a -0 sum stays -0)
+            for (int64_t j = 0; j < outputs; ++j) to[j] = bf16_bits(row[j]);
+          } else {
+            for (int64_t j = 0; j < outputs; ++j) {
+              to[j * result_col] = bf16_bits(bias != nullptr ? row[j] + bias_values[j] : row[j]);
+            }
+          }
+        }
+      }
+    }
+    if (transposed) transpose_halves(result, m, c, c_col, n, m);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) {
+      const float sum = linear_bf16_sum(a + i * lda, w.b_ + j * w.ldb_, k);
+      c[i * c_row + j * c_col] = bf16_bits(bias != nullptr ? sum + bf16_value(bias[j]) : sum);
+    }
+  }
+}
+
+// linear_bf16 with each b packed once, by the first call that multiplies by it (deform_conv2d_bf16_products calls it
+// once per block of columns and weight group, from the tasks of one forward: a lock around the lookup). b is known
+// by its address: an instance lives for one forward, whose weights stay where they are.
+class LinearBf16Packing {
+ public:
+  template <class H>
+  void operator()(int64_t n, int64_t m, int64_t k, const H* a, int64_t lda, const H* b, int64_t ldb, const H* bias,
+                  H* c, int64_t c_row, int64_t c_col) {
+    static_assert(sizeof(H) == sizeof(uint16_t), "bfloat16 bits");
+    const auto* from = reinterpret_cast<const uint16_t*>(b);
+    const LinearBf16Weights* weights = nullptr;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& [address, entry] : packed_) {
+        if (address == from) weights = entry.get();
+      }
+      if (weights == nullptr) {
+        packed_.emplace_back(from, std::make_unique<LinearBf16Weights>(from, ldb, m, k));
+        weights = packed_.back().second.get();
+      }
+    }
+    linear_bf16(n, *weights, reinterpret_cast<const uint16_t*>(a), lda, reinterpret_cast<const uint16_t*>(bias),
+                reinterpret_cast<uint16_t*>(c), c_row, c_col);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::pair<const uint16_t*, std::unique_ptr<LinearBf16Weights>>> packed_;
+};
+
+// The GEMM above in one call (b packed for it, then dropped); `portable` forces the portable loop (the tests
+// compare the two).
+inline void linear_bf16(int64_t n, int64_t m, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                        const uint16_t* bias, uint16_t* c, int64_t c_row, int64_t c_col, bool portable = false) {
+  if (n <= 0 || m <= 0) return;
+  linear_bf16(n, LinearBf16Weights(b, ldb, m, k, portable), a, lda, bias, c, c_row, c_col);
+}
+
+}  // namespace opbridge::kernels
