@@ -98,8 +98,9 @@ def deform_conv2d(
     elsewhere and for float64. The environment variable ``OPBRIDGE_CPU_GEMM=blas`` or ``onednn``, read once per
     process, overrides the choice. Half inputs compute in float32 and round once (docs/api.md), except bfloat16 on
     the CPU where :func:`cpu_bf16_products` is true (CPUs with AVX512-BF16): the sampled columns are rounded to
-    bfloat16 and multiplied by torch's bfloat16 GEMM (float32 sums, bias added before the output's rounding),
-    1.4-1.6x the float32 forward there on 128-256 channels, and the output carries two roundings.
+    bfloat16 and multiplied in bfloat16 (the library's ``vdpbf16ps`` GEMM, or torch's oneDNN one on CPUs with AMX
+    tiles; float32 sums, bias added before the output's rounding), 1.7-1.85x the float32 forward there (one thread,
+    2026-11-29), and the output carries two roundings.
     ``OPBRIDGE_CPU_BF16_GEMM=0`` (or 1) decides.
     """
     if not torch.jit.is_scripting():
@@ -121,8 +122,9 @@ def deform_conv2d(
 
 def cpu_bf16_products() -> bool:
     """Whether this process's CPU op multiplies bfloat16 input in bfloat16: its sampled columns rounded to bfloat16,
-    then torch's bfloat16 GEMM with float32 sums (two roundings: the columns' and the output's; the float32 path
-    rounds once). The choice of cpp/torch/cpu_gemm.h, read the same way: ``OPBRIDGE_CPU_BF16_GEMM=0`` or ``1`` if
+    then a bfloat16 GEMM with float32 sums (two roundings: the columns' and the output's; the float32 path rounds
+    once). The choice of kernels/linear_bf16.h (bf16_products_chosen), which the ORT library's bfloat16 deformable
+    convolution nodes make too, read the same way: ``OPBRIDGE_CPU_BF16_GEMM=0`` or ``1`` if
     set (the library reads it once, at its first bfloat16 call), else whether the CPU has AVX512-BF16. The backward
     computes in float32 either way."""
     forced = os.environ.get("OPBRIDGE_CPU_BF16_GEMM")
