@@ -278,8 +278,9 @@ def test_torchscript_scripts_and_survives_save_and_load(tmp_path, scripted):
 
 
 def test_every_ops_wrapper_scripts():
-    """torch.jit.script compiles each op's Python wrapper, argument checks included (TorchScript compiles them
-    although a scripted call skips them: an f-string's !r conversion there had made two rotated ops unscriptable)."""
+    """torch.jit.script compiles each op's Python wrapper (with the test above, which scripts deform_conv2d and
+    my_add, every op's), argument checks included (TorchScript compiles them although a scripted call skips them: an
+    f-string's !r conversion there had made two rotated ops unscriptable)."""
 
     class Calls(torch.nn.Module):
         def forward(self, boxes, scores, features, rois, rboxes, value, shapes, starts, locations, weights):

@@ -212,3 +212,29 @@ def test_session_error_names_the_inputs_whose_types_have_no_kernel():
     ) in str(caught.value)
     model.graph.input[2].type.tensor_type.elem_type = TensorProto.FLOAT16  # one type: loads
     assert opbridge_ort.InferenceSession(model) is not None
+
+
+def test_inspect_creates_one_session_per_kind_of_library_node(monkeypatch):
+    """The element-type check creates each distinct (node kind, input types, attributes) alone once, not once per
+    node: a model of many layers of one op stays cheap to inspect."""
+    from opbridge_ort import inspect as inspect_module
+
+    calls = []
+    original = inspect_module._loads_alone
+    monkeypatch.setattr(inspect_module, "_loads_alone", lambda *a: calls.append(a[1]) or original(*a))
+    nodes = [helper.make_node("MyAdd", ["x", f"y{i}" if i else "x"], [f"y{i + 1}"], domain="opbridge", name=f"add{i}")
+             for i in range(6)]  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y6", TensorProto.FLOAT, [2])],
+        value_info=[helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [2]) for i in range(1, 6)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("opbridge", 1)])
+    model.ir_version = 8
+    from opbridge_ort.inspect import inspect_model
+
+    _, reports = inspect_model(model)
+    assert [r.with_library for r in reports] == [True]
+    assert len(calls) == 1, calls

@@ -103,7 +103,7 @@ using bfloat16 = BFloat16;
 
 // Whether this CPU has AVX512-BF16 (vcvtneps2bf16, vdpbf16ps), checked once.
 inline bool cpu_has_avx512_bf16() {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDACC__)
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f");

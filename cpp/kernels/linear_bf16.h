@@ -1,5 +1,6 @@
-// A bfloat16 GEMM with float32 sums for the ORT library's bfloat16 deformable convolutions (kernels/deform_conv2d.h,
-// deform_conv2d_bf16_products), where the torch library calls torch's (oneDNN's) instead:
+// A bfloat16 GEMM with float32 sums for the bfloat16 deformable convolutions (kernels/deform_conv2d.h,
+// deform_conv2d_bf16_products) of the ORT library, and of the torch library on CPUs without AMX tiles (with them it
+// calls torch's oneDNN GEMM):
 //
 //   c[i * c_row + j * c_col] = bf16(sum_k a[i, k] * b[j, k] + bias[j])   for i < n, j < m
 //
@@ -78,17 +79,26 @@ inline float linear_bf16_sum(const uint16_t* a, const uint16_t* b, int64_t k) {
   X(0, 0, 1) X(1, 2, 3) X(2, 4, 5) X(3, 6, 7) X(4, 8, 9) X(5, 10, 11) X(6, 12, 13) X(7, 14, 15) X(8, 16, 17) \
   X(9, 18, 19) X(10, 20, 21) X(11, 22, 23)
 // clang-format on
-#define OPBRIDGE_TILE_STEP(r, s0, s1)                                                           \
-  if constexpr (R > r) {                                                                        \
-    register __m512i pair_of_a asm("zmm26") = _mm512_set1_epi32(pair_at(a + r * lda + column)); \
-    asm(OPBRIDGE_DPBF16(s0, 26, 24) : "+v"(sums##s0) : "v"(pair_of_a), "v"(panel0));            \
-    asm(OPBRIDGE_DPBF16(s1, 26, 25) : "+v"(sums##s1) : "v"(pair_of_a), "v"(panel1));            \
+#define OPBRIDGE_TILE_STEP(r, s0, s1)                                                                           \
+  if constexpr (R > r) {                                                                                        \
+    register __m512i pair_of_a asm("zmm26") = _mm512_set1_epi32(linear_bf16_pair(a + r * lda + column, alone)); \
+    asm(OPBRIDGE_DPBF16(s0, 26, 24) : "+v"(sums##s0) : "v"(pair_of_a), "v"(panel0));                            \
+    asm(OPBRIDGE_DPBF16(s1, 26, 25) : "+v"(sums##s1) : "v"(pair_of_a), "v"(panel1));                            \
   }
 #define OPBRIDGE_TILE_STORE(r, s0, s1)              \
   if constexpr (R > r) {                            \
     _mm512_storeu_ps(sums + r * 32, sums##s0);      \
     _mm512_storeu_ps(sums + r * 32 + 16, sums##s1); \
   }
+
+// The pair of k at `at` as one 32-bit word (the low half the even element), or the last element alone (its pair's
+// odd half zero: nothing read past the row). Inlined even unoptimized: GCC keeps a register variable's register only
+// at the asm that names it, and a call between its assignment and that asm may clobber it (GCC's manual, "Local
+// Register Variables"), so nothing in the tile's loop is a call.
+typedef int32_t linear_bf16_word __attribute__((aligned(1), may_alias));
+[[gnu::always_inline]] inline int32_t linear_bf16_pair(const uint16_t* at, bool alone) {
+  return alone ? static_cast<int32_t>(at[0]) : *reinterpret_cast<const linear_bf16_word*>(at);
+}
 
 template <int R>
 __attribute__((target("avx512f"))) void linear_bf16_tile(const uint16_t* a, int64_t lda, const uint16_t* panels,
@@ -117,17 +127,10 @@ __attribute__((target("avx512f"))) void linear_bf16_tile(const uint16_t* a, int6
   register __m512 sums21 asm("zmm21") = _mm512_setzero_ps();
   register __m512 sums22 asm("zmm22") = _mm512_setzero_ps();
   register __m512 sums23 asm("zmm23") = _mm512_setzero_ps();
-  const int64_t pairs = k / 2;
-  for (int64_t p = 0; p <= pairs; ++p) {
-    if (p == pairs && k % 2 == 0) break;
+  const int64_t steps = (k + 1) / 2;  // pairs of k, the last one the odd k's element alone
+  for (int64_t p = 0; p < steps; ++p) {
     const int64_t column = 2 * p;
-    // The last element alone where k is odd: its pair's odd half zero (nothing read past the row).
-    const auto pair_at = [&](const uint16_t* at) {
-      if (p == pairs) return static_cast<int32_t>(at[0]);
-      int32_t pair;
-      std::memcpy(&pair, at, sizeof pair);
-      return pair;
-    };
+    const bool alone = column + 1 == k;
     register __m512i panel0 asm("zmm24") = _mm512_loadu_si512(panels + p * 2 * kLinearPanel);
     register __m512i panel1 asm("zmm25") = _mm512_loadu_si512(panels + panel_stride + p * 2 * kLinearPanel);
     OPBRIDGE_TILE_ROWS(OPBRIDGE_TILE_STEP)
@@ -186,7 +189,7 @@ inline bool bf16_products_chosen() {
       if (std::strcmp(forced, "1") == 0) return true;
       std::fprintf(stderr, "opbridge: OPBRIDGE_CPU_BF16_GEMM=%s is not one of 0, 1; ignored\n", forced);
     }
-    return linear_bf16_has_instructions();
+    return cpu_has_avx512_bf16();  // whatever the compiler (without the instruction path: the portable loop)
   }();
   return chosen;
 }
@@ -218,6 +221,9 @@ class LinearBf16Weights {
 #endif
   }
   bool packed() const { return data_.get() != nullptr; }
+  bool same(const uint16_t* b, int64_t ldb, int64_t m, int64_t k) const {
+    return b == b_ && ldb == ldb_ && m == m_ && k == k_;
+  }
 
  private:
   friend void linear_bf16(int64_t, const LinearBf16Weights&, const uint16_t*, int64_t, const uint16_t*, uint16_t*,
@@ -255,7 +261,7 @@ inline void linear_bf16(int64_t n, const LinearBf16Weights& w, const uint16_t* a
           uint16_t* to = result + (i0 + r) * result_row + first * result_col;
           if (result_col == 1 && bias != nullptr) {  // contiguous: a loop the compiler vectorizes
             for (int64_t j = 0; j < outputs; ++j) to[j] = bf16_bits(row[j] + bias_values[j]);
-          } else if (result_col == 1) {  // no bias: nothing added (a -0 sum stays -0)
+          } else if (result_col == 1) {
             for (int64_t j = 0; j < outputs; ++j) to[j] = bf16_bits(row[j]);
           } else {
             for (int64_t j = 0; j < outputs; ++j) {
@@ -279,7 +285,7 @@ inline void linear_bf16(int64_t n, const LinearBf16Weights& w, const uint16_t* a
 
 // linear_bf16 with each b packed once, by the first call that multiplies by it (deform_conv2d_bf16_products calls it
 // once per block of columns and weight group, from the tasks of one forward: a lock around the lookup). b is known
-// by its address: an instance lives for one forward, whose weights stay where they are.
+// by its address and shape: an instance lives for one forward, whose weights stay where they are.
 class LinearBf16Packing {
  public:
   template <class H>
@@ -290,12 +296,12 @@ class LinearBf16Packing {
     const LinearBf16Weights* weights = nullptr;
     {
       const std::lock_guard<std::mutex> lock(mutex_);
-      for (const auto& [address, entry] : packed_) {
-        if (address == from) weights = entry.get();
+      for (const auto& entry : packed_) {
+        if (entry->same(from, ldb, m, k)) weights = entry.get();
       }
       if (weights == nullptr) {
-        packed_.emplace_back(from, std::make_unique<LinearBf16Weights>(from, ldb, m, k));
-        weights = packed_.back().second.get();
+        packed_.push_back(std::make_unique<LinearBf16Weights>(from, ldb, m, k));
+        weights = packed_.back().get();
       }
     }
     linear_bf16(n, *weights, reinterpret_cast<const uint16_t*>(a), lda, reinterpret_cast<const uint16_t*>(bias),
@@ -304,7 +310,7 @@ class LinearBf16Packing {
 
  private:
   std::mutex mutex_;
-  std::vector<std::pair<const uint16_t*, std::unique_ptr<LinearBf16Weights>>> packed_;
+  std::vector<std::unique_ptr<LinearBf16Weights>> packed_;
 };
 
 // The GEMM above in one call (b packed for it, then dropped); `portable` forces the portable loop (the tests

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -27,10 +29,13 @@ void test_linear_bf16_shapes() {
                                {40, 17, 9}, {3, 100, 145}, {24, 16, 0}, {5, 48, 1},    {30, 31, 64}};
   for (const auto& shape : shapes) {
     for (const bool with_bias : {false, true}) {
-      const int64_t n = shape[0], m = shape[1], k = shape[2], lda = k + 3, ldb = k + 1;
+      // Rows of a exactly k long where k is odd, so that a read past a row's last element reads the next row's
+      // first (or the NaN after the last row): the results would then differ from the float64 sums.
+      const int64_t n = shape[0], m = shape[1], k = shape[2], lda = k % 2 ? k : k + 3, ldb = k + 1;
       std::vector<uint16_t> a(static_cast<size_t>(n * lda + 1)), b(static_cast<size_t>(m * ldb + 1)), bias(m);
       for (auto& v : a) v = bf16_of(rng, 1.0f);
       for (auto& v : b) v = bf16_of(rng, 0.1f);
+      a.back() = 0x7fc0;  // NaN
       for (auto& v : bias) v = bf16_of(rng, 1.0f);
       // Output channel-major with a gap after each row (c_col = n + 2), as deform_conv2d's output rows are.
       const int64_t c_col = n + 2;
@@ -65,6 +70,43 @@ void test_linear_bf16_shapes() {
   }
 }
 
+// The other layouts and entry points: a row-major output (c_row m, c_col 1: the non-transposed branch), a strided
+// one, and LinearBf16Packing (weights packed once per b, shared by calls from several threads), all against the
+// portable loop bit for bit.
+void test_linear_bf16_layouts_and_packing() {
+  using namespace opbridge::kernels;
+  std::mt19937 rng(5);
+  const int64_t n = 29, m = 40, k = 37;
+  std::vector<uint16_t> a(n * k), b(2 * m * k), bias(m);
+  for (auto& v : a) v = bf16_of(rng, 1.0f);
+  for (auto& v : b) v = bf16_of(rng, 0.1f);
+  for (auto& v : bias) v = bf16_of(rng, 1.0f);
+  for (const auto& [c_row, c_col] : std::vector<std::pair<int64_t, int64_t>>{{m, 1}, {1, n}, {2 * m + 1, 2}}) {
+    std::vector<uint16_t> fast(static_cast<size_t>(n * c_row + m * c_col + 1), 0), portable(fast);
+    linear_bf16(n, m, k, a.data(), k, b.data(), k, bias.data(), fast.data(), c_row, c_col);
+    linear_bf16(n, m, k, a.data(), k, b.data(), k, bias.data(), portable.data(), c_row, c_col, true);
+    expect(fast == portable, "linear_bf16 with c_row " + std::to_string(c_row) + ", c_col " + std::to_string(c_col));
+  }
+  // Two weight matrices through one packing cache, from four threads at once, each call as the portable loop.
+  LinearBf16Packing packing;
+  std::vector<std::vector<uint16_t>> outputs(8, std::vector<uint16_t>(n * m));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int call = t; call < 8; call += 4) {
+        const uint16_t* weights = b.data() + (call % 2) * m * k;
+        packing(n, m, k, a.data(), k, weights, k, bias.data(), outputs[call].data(), 1, n);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int call = 0; call < 8; ++call) {
+    std::vector<uint16_t> want(n * m);
+    linear_bf16(n, m, k, a.data(), k, b.data() + (call % 2) * m * k, k, bias.data(), want.data(), 1, n, true);
+    expect(outputs[call] == want, "LinearBf16Packing call " + std::to_string(call));
+  }
+}
+
 void test_linear_bf16_special_values() {
   using namespace opbridge::kernels;
   // NaN and infinity propagate (a NaN sum stays NaN after rounding); a zero k gives the bias.
@@ -82,7 +124,14 @@ void test_linear_bf16_special_values() {
 }  // namespace
 
 int main() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  // On a CPU with AVX512-BF16 the instruction path must run (else the comparisons above compare the loop with itself).
+  __builtin_cpu_init();
+  expect(!__builtin_cpu_supports("avx512bf16") || opbridge::kernels::linear_bf16_has_instructions(),
+         "this CPU has AVX512-BF16: linear_bf16 takes its instruction path");
+#endif
   test_linear_bf16_shapes();
+  test_linear_bf16_layouts_and_packing();
   test_linear_bf16_special_values();
   return opbridge::testing::report(opbridge::kernels::linear_bf16_has_instructions()
                                        ? "linear_bf16 kernel tests (AVX512-BF16 and portable)"

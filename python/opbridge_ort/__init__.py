@@ -45,6 +45,8 @@ __all__ = [
 DOMAIN = "opbridge"
 # How inspect's report of a library node begins where the library has no kernel for its inputs' element types.
 NO_KERNEL_FOR_TYPES = "no kernel in the opbridge library for these input types"
+# How ONNX Runtime refuses a custom node's input element types: a type no kernel declares, a mix none declares.
+TYPE_REFUSALS = ("Type Error: Type 'tensor(", "no kernel def matches")
 _LIBRARY_NAME = "libopbridge_ort.so"
 _CUDA_LIBRARY_NAME = "libopbridge_ort_cuda.so"
 # Each op's C++ file leaves this marker in the library (OPBRIDGE_ORT_OP in cpp/ort/api.h).
@@ -241,7 +243,8 @@ def InferenceSession(
     except Exception as error:
         # ORT's message for a library node given element types it has no kernel for names neither the input nor
         # the types it takes ("no kernel def matches node inputs"): inspect's check of each node says both.
-        problems = _element_type_problems(model) if "type" in str(error).lower() else []
+        refused = any(text in str(error) for text in TYPE_REFUSALS)
+        problems = _element_type_problems(model) if refused else []
         if not problems:
             raise
         message = f"{error}\n" + "\n".join(problems)

@@ -14,7 +14,7 @@ import contextlib
 import sys
 from dataclasses import dataclass, field
 
-from . import DOMAIN, NO_KERNEL_FOR_TYPES, cuda_library_path, foreign_ops, openmmlab, ops
+from . import DOMAIN, NO_KERNEL_FOR_TYPES, TYPE_REFUSALS, cuda_library_path, foreign_ops, openmmlab, ops
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 # The element types of the CUDA library's nodes (cpp/ort/cuda/*.cc): no bfloat16 node there.
@@ -35,6 +35,7 @@ class OpReport:
     how: str
     advice: str = ""
     cuda: str = "?"  # on ORT's CUDA execution provider: "yes", "no" (runs on the CPU provider) or "?" (unknown here)
+    library: bool = False  # a node of the opbridge library (opbridge's domain, or another project's it runs)
     element_types: set[str] = field(default_factory=set)  # of the library's nodes' floating inputs, where known
 
 
@@ -78,7 +79,7 @@ def _cuda_column(report: OpReport, cuda_nodes, ort_cuda_kernels) -> str:
 
 
 def _run_by_library(report: OpReport) -> bool:
-    return report.domain == DOMAIN or report.how.endswith("run by the opbridge library")
+    return report.domain == DOMAIN or report.library
 
 
 def _element_types(model) -> dict[str, int]:
@@ -113,7 +114,8 @@ def _check_element_types(model, reports: list[OpReport]) -> None:
         if None in signature:
             continue  # a type this graph does not say
         report.element_types.update(_FLOATING[t] for t in signature if t in _FLOATING)
-        key = (node.domain, node.op_type, signature, node.SerializeToString(deterministic=True))
+        attributes = tuple(a.SerializeToString(deterministic=True) for a in node.attribute)
+        key = (node.domain, node.op_type, signature, attributes)  # one session per kind of node, not per node
         if key not in answers:
             answers[key] = _type_mismatch(node, signature, opsets)
         if answers[key] is not None and report.with_library:
@@ -130,8 +132,7 @@ def _type_mismatch(node, signature: tuple[int, ...], opsets) -> str | None:
     """Why the library has no kernel for ``node`` with inputs of these element types, or None where it has one (or
     the node fails for another reason, which the whole model's session reports)."""
     error = _loads_alone(node, signature, opsets)
-    # ORT's two refusals of a custom node's input types (a type no kernel declares; a mix no kernel declares).
-    if error is None or not any(text in error for text in ("Type Error: Type 'tensor(", "no kernel def matches")):
+    if error is None or not any(text in error for text in TYPE_REFUSALS):
         return None
     names = ", ".join(f"{name}: {_type_name(t)}" for name, t in zip(node.input, signature, strict=True) if name)
     takes = [
@@ -228,7 +229,7 @@ def inspect_model(model) -> tuple[dict[str, int], list[OpReport]]:
             report.without_library = report.with_library = True
             report.how = "model-local ONNX function (inlined by the runtime)"
         elif (domain, op_type) in _library_foreign_ops():
-            report.with_library = True
+            report.with_library = report.library = True
             report.how = f"{domain} node run by the opbridge library"
             report.advice = "load the opbridge library: opbridge_ort.InferenceSession(model)"
         elif (known := openmmlab.find(domain, op_type)) is not None:
