@@ -45,6 +45,11 @@ struct MSDeformAttnShape {
   int64_t batch = 0, keys = 0, heads = 0, channels = 0, queries = 0, levels = 0, points = 0;
 };
 
+// What the CPU forward's task functions write for value storage S (T arithmetic): bfloat16 rows read as stored are
+// written as bfloat16, each row's float sums rounded once in registers; otherwise T.
+template <class T, class S>
+using MSDeformAttnRow = std::conditional_t<std::is_same_v<S, BFloat16>, BFloat16, T>;
+
 // How the calling front end names the op and its inputs in error messages.
 struct MSDeformAttnNames {
   const char* op;
@@ -352,8 +357,8 @@ template <bool kWide, class C, class T>
 // value's storage S: T itself, or bfloat16 (the top half of a float32) read into float arithmetic. bfloat16 rows are
 // read kPairChunk channels at a time as kPairChunk / 2 32-bit words: a word's low half is an even channel and its
 // high half the odd one after it, so one shift and one mask give the even and the odd channels as floats, exactly
-// (no conversion per channel). The accumulator then holds each chunk as [even channels, odd channels], put back in
-// channel order once per row (interleave_pairs).
+// (no conversion per channel). The accumulator then holds each chunk as [even channels, odd channels], which the
+// row's end rounds and packs back into such words (write_bf16_row): no shuffle back into channel order.
 constexpr int kPairChunk = 16;
 #if defined(__BYTE_ORDER__)
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "a word's low half is its first bfloat16 (even channel)");
@@ -413,14 +418,35 @@ inline void round_half(BFloat16* to, const float* from, int64_t count) { round_t
 inline void round_half(SoftFloat16* to, const float* from, int64_t count) {
   float_to_float16(from, reinterpret_cast<uint16_t*>(to), count);
 }
-// acc's whole W-channel chunks from [even channels, odd channels] back to channel order.
+// out[k] = acc's sums rounded to bfloat16 (as bf16_bits: to nearest even, NaN a quiet NaN) for k < d, where acc holds
+// its whole W-channel chunks as [even channels, odd channels] and the rest in channel order: each chunk's two halves
+// rounded in their 32-bit lanes and packed into words of (even, odd) channels, as value's rows are read. stream:
+// with stores that bypass the cache (store_streaming; wide: `out` on a register's boundary, else on 16 bytes).
 template <int W>
-[[gnu::always_inline]] inline void interleave_pairs(float* acc, int64_t d) {
+[[gnu::always_inline]] inline void write_bf16_row(BFloat16* __restrict out, const float* __restrict acc, int64_t d,
+                                                  bool stream, bool wide) {
   constexpr int kHalf = W / 2;
-  for (int64_t k = 0; k + W <= d; k += W) {
-    float pairs[W];
-    for (int j = 0; j < kHalf; ++j) pairs[2 * j] = acc[k + j], pairs[2 * j + 1] = acc[k + kHalf + j];
-    for (int j = 0; j < W; ++j) acc[k + j] = pairs[j];
+  using Words = PairWords<W>;
+  int64_t k = 0;
+  for (; k + W <= d; k += W) {
+    const Words even = load<Words>(acc + k), odd = load<Words>(acc + k + kHalf);
+    const Words low = (even + 0x7fffu + ((even >> 16) & 1u)) >> 16;
+    const Words high = (odd + 0x7fffu + ((odd >> 16) & 1u)) & 0xffff0000u;
+    const Words words = ((even & 0x7fffffffu) > 0x7f800000u ? Words{} + 0x7fc0u : low) |
+                        ((odd & 0x7fffffffu) > 0x7f800000u ? Words{} + 0x7fc00000u : high);
+    if (!stream) {
+      store(&out[k].bits, words);
+    } else if (wide) {
+      store_streaming<true>(&out[k].bits, words);
+    } else {
+      store_streaming<false>(&out[k].bits, words);
+    }
+  }
+  for (; k < d; ++k) {  // bf16_bits written out: no inline function outside this file from an instruction set's file
+    uint32_t x;
+    __builtin_memcpy(&x, acc + k, sizeof x);
+    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    out[k].bits = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
   }
 }
 
@@ -441,13 +467,14 @@ struct MSDeformAttnTaps {
   T *loc_x, *loc_y, *attn;  // the query's inputs, deinterleaved and padded (NaN: no sample)
   T *width_f, *height_f;    // per sample: its level's W and H
   I *width, *height, *start;
+  T* sums;  // one row of D sums: the forward's accumulator where D is known at run time only and out is bfloat16
   MSDeformAttnTaps(const MSDeformAttnTaps&) = delete;
   MSDeformAttnTaps& operator=(const MSDeformAttnTaps&) = delete;
   MSDeformAttnTaps(MSDeformAttnTaps&&) = default;  // the storage's buffers move with it: the pointers stay valid
   explicit MSDeformAttnTaps(const MSDeformAttnShape& s, const int64_t* spatial_shapes, const int64_t* level_start)
       : count(s.levels * s.points),
         padded((count + msda_detail::kMaxLanes - 1) / msda_detail::kMaxLanes * msda_detail::kMaxLanes),
-        reals_(static_cast<size_t>(11 * padded)),
+        reals_(static_cast<size_t>(11 * padded + std::max<int64_t>(1, s.channels))),
         integers_(static_cast<size_t>(7 * padded)) {
     const auto n = static_cast<size_t>(padded);
     T* r = reals_.get();
@@ -457,7 +484,7 @@ struct MSDeformAttnTaps {
       weight[c] = r + c * n, std::fill_n(weight[c], n, T(0));
     }
     low_x = r + 4 * n, low_y = r + 5 * n, attn = r + 6 * n, loc_x = r + 7 * n, loc_y = r + 8 * n;
-    width_f = r + 9 * n, height_f = r + 10 * n;
+    width_f = r + 9 * n, height_f = r + 10 * n, sums = r + 11 * n;
     width = k + 4 * n, height = k + 5 * n, start = k + 6 * n;
     for (T* v : {low_x, low_y, attn}) std::fill_n(v, n, T(0));
     for (T* v : {loc_x, loc_y}) std::fill_n(v, n, std::numeric_limits<T>::quiet_NaN());
@@ -611,18 +638,21 @@ template <class T, int D, bool kAdd, class S>
 //     (ms_deform_attn_transpose_value, ms_deform_attn_transpose_queries).
 // Either way out_n is [Lq, M, D] and every (query, head) sums its samples in the same order: the same bits. value_n
 // and zeros are value's storage S (T, or bfloat16 read into float arithmetic: the same bits as value widened first).
+// out_n is MSDeformAttnRow<T, S>: T, or for bfloat16 storage bfloat16, each row's sums rounded once as it is written.
 template <class T, class I, int D, bool kHeadMajor, class S>
 [[gnu::always_inline]] inline void ms_deform_attn_forward_block(const S* value_n, const T* loc_n, const T* attn_n,
-                                                                T* out_n, const MSDeformAttnShape& s, int64_t head,
-                                                                int64_t first, int64_t last,
-                                                                MSDeformAttnTaps<T, I>* taps_pair, const S* zeros,
-                                                                bool stream_out) {
+                                                                MSDeformAttnRow<T, S>* out_n,
+                                                                const MSDeformAttnShape& s, int64_t head, int64_t first,
+                                                                int64_t last, MSDeformAttnTaps<T, I>* taps_pair,
+                                                                const S* zeros, bool stream_out) {
+  using R = MSDeformAttnRow<T, S>;
+  constexpr bool kBFloat16 = std::is_same_v<S, BFloat16>;
   const int64_t d = D > 0 ? D : s.channels, m_count = s.heads, lp = taps_pair[0].count;
   alignas(64) T local[D > 0 ? D : 1];  // the accumulator, in registers when D is known
   // stream_out (head-major): out's rows, M rows apart, are written with streaming stores where every row starts on a
   // register (wide) or on 16 bytes.
   const auto aligned = [&](size_t bytes) {
-    return D * sizeof(T) % bytes == 0 && reinterpret_cast<uintptr_t>(out_n) % bytes == 0;
+    return D * sizeof(R) % bytes == 0 && reinterpret_cast<uintptr_t>(out_n) % bytes == 0;
   };
   const bool stream = stream_out && kHeadMajor && D > 0 && aligned(16);
   const bool wide = stream && aligned(msda_detail::kVectorBytes);
@@ -640,8 +670,14 @@ template <class T, class I, int D, bool kHeadMajor, class S>
   for (int64_t row = first; row < last; ++row) {
     const MSDeformAttnTaps<T, I>& taps = taps_pair[(row - first) & 1];
     if (row + 1 < last) prepare(row + 1, taps_pair[(row + 1 - first) & 1]);
-    T* __restrict out = out_n + (kHeadMajor ? row * m_count + head : row) * d;
-    T* __restrict acc = D > 0 ? local : out;
+    R* __restrict out = out_n + (kHeadMajor ? row * m_count + head : row) * d;
+    T* __restrict acc = [&] {  // the row's sums: in registers where D is known, else in out (T) or the taps' row
+      if constexpr (kBFloat16) {
+        return D > 0 ? local : taps_pair[0].sums;
+      } else {
+        return D > 0 ? local : out;
+      }
+    }();
     const I* __restrict row0 = taps.row[0];
     const I* __restrict row1 = taps.row[1];
     const I* __restrict row2 = taps.row[2];
@@ -662,8 +698,9 @@ template <class T, class I, int D, bool kHeadMajor, class S>
     if (lp == 0) {
       for (int64_t k = 0; k < d; ++k) acc[k] = T(0);
     }
-    if constexpr (std::is_same_v<S, BFloat16>) msda_detail::interleave_pairs<msda_detail::pair_chunk<D>()>(acc, d);
-    if (D > 0 && stream) {
+    if constexpr (kBFloat16) {
+      msda_detail::write_bf16_row<msda_detail::pair_chunk<D>()>(out, acc, d, stream, wide);
+    } else if (D > 0 && stream) {
       using C = typename msda_detail::VectorOf<T, msda_detail::kChunk<T>>::type;
       for (int64_t k = 0; k < d; k += msda_detail::kChunk<T>) {
         const C v = msda_detail::load<C>(acc + k);
@@ -677,20 +714,16 @@ template <class T, class I, int D, bool kHeadMajor, class S>
 }
 
 template <class T, class I, int D, class S>
-[[gnu::always_inline]] inline void ms_deform_attn_forward_query_major(const S* value_n, const T* loc_n, const T* attn_n,
-                                                                      T* out_n, const MSDeformAttnShape& s,
-                                                                      int64_t head, int64_t first, int64_t last,
-                                                                      MSDeformAttnTaps<T, I>* taps, const S* zeros,
-                                                                      bool stream_out) {
+[[gnu::always_inline]] inline void ms_deform_attn_forward_query_major(
+    const S* value_n, const T* loc_n, const T* attn_n, MSDeformAttnRow<T, S>* out_n, const MSDeformAttnShape& s,
+    int64_t head, int64_t first, int64_t last, MSDeformAttnTaps<T, I>* taps, const S* zeros, bool stream_out) {
   ms_deform_attn_forward_block<T, I, D, false>(value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros,
                                                stream_out);
 }
 template <class T, class I, int D, class S>
-[[gnu::always_inline]] inline void ms_deform_attn_forward_head_major(const S* value_n, const T* loc_n, const T* attn_n,
-                                                                     T* out_n, const MSDeformAttnShape& s, int64_t head,
-                                                                     int64_t first, int64_t last,
-                                                                     MSDeformAttnTaps<T, I>* taps, const S* zeros,
-                                                                     bool stream_out) {
+[[gnu::always_inline]] inline void ms_deform_attn_forward_head_major(
+    const S* value_n, const T* loc_n, const T* attn_n, MSDeformAttnRow<T, S>* out_n, const MSDeformAttnShape& s,
+    int64_t head, int64_t first, int64_t last, MSDeformAttnTaps<T, I>* taps, const S* zeros, bool stream_out) {
   ms_deform_attn_forward_block<T, I, D, true>(value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros,
                                               stream_out);
 }
@@ -801,9 +834,9 @@ template <class T, class I, int D>
 //   OPBRIDGE_ISA_DISPATCH  declared in those namespaces, and called through cpu_isa's choice (kernels/cpu_isa.h);
 //   neither                defined here for this file's own target (the kernel tests build them with -mavx2,
 //                          -mavx512f and nothing, so every instruction set's arithmetic is tested).
-#define OPBRIDGE_MSDA_FORWARD_PARAMS(T, I, S)                                                            \
-  const S *value_n, const T *loc_n, const T *attn_n, T *out_n, const MSDeformAttnShape &s, int64_t head, \
-      int64_t first, int64_t last, MSDeformAttnTaps<T, I>*taps, const S *zeros, bool stream_out
+#define OPBRIDGE_MSDA_FORWARD_PARAMS(T, I, S)                                                                 \
+  const S *value_n, const T *loc_n, const T *attn_n, MSDeformAttnRow<T, S>*out_n, const MSDeformAttnShape &s, \
+      int64_t head, int64_t first, int64_t last, MSDeformAttnTaps<T, I>*taps, const S *zeros, bool stream_out
 #define OPBRIDGE_MSDA_FORWARD_ARGS value_n, loc_n, attn_n, out_n, s, head, first, last, taps, zeros, stream_out
 #define OPBRIDGE_MSDA_BACKWARD_PARAMS(T, I)                                                                         \
   const T *grad_out_n, const T *value_n, const T *loc_n, const T *attn_n, const MSDeformAttnShape &s, int64_t head, \
@@ -822,7 +855,8 @@ namespace OPBRIDGE_ISA_NAMESPACE {
 #else
 #define OPBRIDGE_MSDA_LINKAGE [[maybe_unused]] static
 #endif
-// The task functions' bodies for D = 16, 32, 64 or any (0), by the channel count.
+// The task functions' bodies for D = 16, 32, 64 or any (0), by the channel count (ms_deform_attn_streams_rows knows
+// these three).
 #define OPBRIDGE_MSDA_BY_CHANNELS(channels, body, T, I, ...) \
   switch (channels) {                                        \
     case 16:                                                 \
@@ -969,6 +1003,13 @@ inline bool ms_deform_attn_head_passes(const MSDeformAttnShape& s, size_t value_
   return static_cast<size_t>(s.heads * (s.keys + 1) * s.channels) * value_bytes >= (size_t(12) << 20);
 }
 
+// Whether the head-major tasks write out's rows (elements of `bytes` bytes, D = d) with streaming stores: D known at
+// compile time (OPBRIDGE_MSDA_BY_CHANNELS) and every row on 16 bytes (ms_deform_attn_forward_block).
+inline bool ms_deform_attn_streams_rows(const void* out, int64_t d, size_t bytes) {
+  return (d == 16 || d == 32 || d == 64) && (static_cast<size_t>(d) * bytes) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(out) % 16 == 0;
+}
+
 // Whether this CPU's kernels read half rows a 64-byte register at a time (AVX-512): bfloat16 32 channels a load,
 // float16 16 (widened by vcvtph2ps). Other instruction sets read float16 one channel at a time, so callers widen a
 // float16 value first there.
@@ -1026,6 +1067,8 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
   static_assert(std::is_same_v<L, T> ||
                     (std::is_same_v<T, float> && (std::is_same_v<L, BFloat16> || std::is_same_v<L, SoftFloat16>)),
                 "sampling_locations and attention_weights: T, or bfloat16 or float16 (float T) widened as read");
+  static_assert(!std::is_same_v<S, BFloat16> || std::is_same_v<O, BFloat16>,
+                "a bfloat16 value read as stored gives bfloat16 out (the tasks round each row as they write it)");
   const int64_t d = s.channels, m_count = s.heads, lp = s.levels * s.points;
   const AlignedArray<S> zeros(static_cast<size_t>(d));
   std::fill_n(zeros.get(), d, S{});
@@ -1051,12 +1094,13 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
         const int64_t n = task / blocks, first = task % blocks * block, last = std::min(s.queries, first + block);
         const int64_t rows = n * s.queries * m_count;
         auto taps = taps_pair();
-        // Half out (bfloat16 or float16): the block's float sums (at most 2^15), then rounded. None for T out.
-        const AlignedArray<T> sums = std::is_same_v<O, T>
-                                         ? AlignedArray<T>()
-                                         : AlignedArray<T>(static_cast<size_t>((last - first) * m_count * d));
-        T* const out_n = [&] {
-          if constexpr (std::is_same_v<O, T>) {
+        // float16 out: the block's float sums (at most 2^15), then rounded. None where the task writes out's type
+        // (T, or bfloat16 rows from a bfloat16 value).
+        constexpr bool kRows = std::is_same_v<O, MSDeformAttnRow<T, S>>;
+        const AlignedArray<T> sums =
+            kRows ? AlignedArray<T>() : AlignedArray<T>(static_cast<size_t>((last - first) * m_count * d));
+        MSDeformAttnRow<T, S>* const out_n = [&] {
+          if constexpr (kRows) {
             return out + rows * d;
           } else {
             return sums.get() - first * m_count * d;
@@ -1080,7 +1124,7 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
         const auto [loc_n, attn_n] = block_inputs();
         ms_deform_attn_forward_task(value + n * s.keys * m_count * d, loc_n, attn_n, out_n, s, int64_t(-1),
                                     first * m_count, last * m_count, taps.data(), zeros.get(), false);
-        if constexpr (!std::is_same_v<O, T>) {
+        if constexpr (!kRows) {
           msda_detail::round_half(out + (rows + first * m_count) * d, sums.get(), (last - first) * m_count * d);
         }
       });
@@ -1089,6 +1133,8 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
     // The head-major orders' copy of value, in V: value's storage S, or T (bfloat16 widened on the way).
     const auto head_major = [&](auto copy) {
       using V = decltype(copy);
+      using R = MSDeformAttnRow<T, V>;              // what the tasks write: T, or bfloat16 from a bfloat16 copy
+      constexpr bool kRows = std::is_same_v<O, R>;  // else float sums, rounded into out after the tasks
       const V* zeros_v = [&] {
         if constexpr (std::is_same_v<V, S>) {
           return zeros.get();
@@ -1109,7 +1155,7 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
       const size_t value_bytes = (sizeof(V) * static_cast<size_t>(value_count) + 63) / 64 * 64;
       // head_passes with half out (bfloat16 or float16): the image's float sums [Lq, M, D], streamed by the passes
       // (each writes its head's D channels of every row: too large to stay in cache) and rounded after them.
-      const int64_t sums_count = passes && !std::is_same_v<O, T> ? s.queries * m_count * d : 0;
+      const int64_t sums_count = passes && !kRows ? s.queries * m_count * d : 0;
       const ThreadScratch scratch(value_bytes + sizeof(T) * static_cast<size_t>(inputs_count + sums_count));
       V* value_t = scratch.get<V>();
       // head_passes: sampling_locations [M, Lq, L * P * 2], then attention_weights [M, Lq, L * P].
@@ -1131,8 +1177,8 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
                                            std::min(s.queries, first + block), s.queries, int64_t(0));
         });
         if (passes) {
-          T* const out_n = [&] {
-            if constexpr (std::is_same_v<O, T>) {
+          R* const out_n = [&] {
+            if constexpr (kRows) {
               return out + rows * d;
             } else {
               return sums_all;
@@ -1145,7 +1191,7 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
                                         attn_all + m * s.queries * lp, out_n, s, m, first, last, taps.data(), zeros_v,
                                         true);
           });
-          if constexpr (!std::is_same_v<O, T>) {
+          if constexpr (!kRows) {
             const int64_t per_block = block * m_count * d, total = s.queries * m_count * d;
             parallel_for(blocks, [&](int64_t task) {
               const int64_t first = task * per_block;
@@ -1155,24 +1201,36 @@ void ms_deform_attn(const S* value, const int64_t* spatial_shapes, const int64_t
           }
           continue;
         }
+        // The blocks' output: straight into out with streaming stores where its rows can take them (D known, rows on
+        // 16 bytes), else into each block's cached buffer, copied out whole: head by head, out's rows lie M rows apart,
+        // and every row's first plain store would wait for its line from memory.
+        const bool direct = kRows && ms_deform_attn_streams_rows(out + rows * d, d, sizeof(R));
         parallel_for(blocks, [&](int64_t task) {
           const int64_t first = task * block, last = std::min(s.queries, first + block), count = last - first;
-          // The block's inputs, head-major, and its output, which stays in cache until it is copied out whole: head
-          // by head, out's rows lie M rows apart, and every row's first store would wait for its line from memory.
-          const AlignedArray<T> work(static_cast<size_t>(m_count * count * (lp * 3 + d)));
+          // The block's inputs, head-major (and its output buffer: room for T, R is T or smaller).
+          const AlignedArray<T> work(static_cast<size_t>(m_count * count * (lp * 3 + (direct ? 0 : d))));
           T* loc_t = work.get();
           T* attn_t = loc_t + m_count * count * lp * 2;
-          T* out_t = attn_t + m_count * count * lp;
+          R* out_t = reinterpret_cast<R*>(attn_t + m_count * count * lp);
           ms_deform_attn_transpose_queries(loc_n, attn_n, loc_t, attn_t, s, first, last, count, first);
+          R* const out_n = [&] {
+            if constexpr (kRows) {
+              return direct ? out + rows * d : out_t - first * m_count * d;
+            } else {
+              return out_t - first * m_count * d;
+            }
+          }();
           auto taps = taps_pair();
           for (int64_t m = 0; m < m_count; ++m) {
             ms_deform_attn_forward_task(value_t + m * (s.keys + 1) * d, loc_t + (m * count - first) * lp * 2,
-                                        attn_t + (m * count - first) * lp, out_t - first * m_count * d, s, m, first,
-                                        last, taps.data(), zeros_v, false);
+                                        attn_t + (m * count - first) * lp, out_n, s, m, first, last, taps.data(),
+                                        zeros_v, direct);
           }
-          if constexpr (std::is_same_v<O, T>) {
-            msda_detail::copy_streaming(out + (rows + first * m_count) * d, out_t,
-                                        static_cast<int64_t>(sizeof(T)) * count * m_count * d);
+          if constexpr (kRows) {
+            if (!direct) {
+              msda_detail::copy_streaming(out + (rows + first * m_count) * d, out_t,
+                                          static_cast<int64_t>(sizeof(R)) * count * m_count * d);
+            }
           } else {
             msda_detail::round_half(out + (rows + first * m_count) * d, out_t, count * m_count * d);
           }
