@@ -1003,3 +1003,64 @@ def test_opcheck_with_half_inputs(name, mixed, dtype, device):
               for i, a in enumerate(arguments)]  # fmt: skip
     for inputs in (arguments, leaves):
         torch.library.opcheck(op, inputs)
+
+
+# torch ops whose export rules opbridge replaces (opbridge/mappings): a half model that exports without opbridge
+# exports with it too, computed in float32 inside and rounded once (specs.half_storage), and runs in ONNX Runtime.
+def _interpolate_aa(mode):
+    return lambda x: torch.nn.functional.interpolate(x, size=(3, 4), mode=mode, antialias=True)
+
+
+_MAPPED_HALF = {
+    "interpolate antialias bilinear": (_interpolate_aa("bilinear"), lambda g: (torch.randn(1, 3, 8, 9, generator=g),)),
+    "interpolate antialias bicubic": (_interpolate_aa("bicubic"), lambda g: (torch.randn(1, 3, 8, 9, generator=g),)),
+    "scatter_reduce mean": (
+        lambda x, s: x.scatter_reduce(1, torch.tensor([[0, 1, 0, 2]] * 3), s, "mean"),
+        lambda g: (torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)),
+    ),
+    "grid_sample bilinear": (
+        lambda x, grid: torch.nn.functional.grid_sample(x, grid, align_corners=False),
+        lambda g: (torch.randn(1, 3, 6, 7, generator=g), torch.rand(1, 4, 5, 2, generator=g) * 2.2 - 1.1),
+    ),
+}
+
+
+class _Lambda(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+@pytest.mark.parametrize("case", sorted(_MAPPED_HALF))
+@pytest.mark.parametrize(("dynamo", "opset"), [(False, 13), (False, 17), (True, 18)])
+def test_half_exports_of_torch_ops_with_opbridge_rules_run_in_float32_inside(case, dynamo, opset, tmp_path):
+    import numpy as np
+    import onnxruntime
+
+    if case.startswith("scatter_reduce") and opset < 16:
+        pytest.skip("ScatterElements has reductions from opset 16 (no rule below it, with or without opbridge)")
+    if case.startswith("interpolate") and not dynamo:
+        pytest.skip("torch's CPU kernel of antialiased interpolation takes no half inputs, and the TorchScript "
+                    "exporter runs the model (the dynamo exporter traces it without running)")  # fmt: skip
+    fn, make = _MAPPED_HALF[case]
+    inputs = make(torch.Generator().manual_seed(5))
+    model = _Lambda(fn).eval()
+    for dtype in HALF:
+        half = tuple(t.to(dtype) for t in inputs)
+        path = tmp_path / f"{dtype}.onnx"
+        torch.onnx.export(model, half, path, dynamo=dynamo, opset_version=opset)  # bfloat16: exports too
+        if dtype is torch.bfloat16:
+            continue  # ONNX Runtime's CPU kernels of these nodes take no bfloat16
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), half, strict=True)}
+        (got,) = session.run(None, feeds)
+        assert got.dtype == np.float16
+        want = fn(*(t.double() for t in half))  # the float64 value of the same half inputs
+        # One rounding of the float64 value, plus float32 arithmetic: a half ulp of each output and a little more;
+        # half arithmetic inside (a rounding per node) is several times that on these inputs.
+        error = (torch.from_numpy(got).double() - want).abs()
+        bound = UNIT[dtype] * want.abs() + 1e-3 * UNIT[dtype] * want.abs().max()
+        assert (error <= bound).all(), f"{case}: max error {error.max():.3g} (bound {bound.max():.3g})"

@@ -13,16 +13,15 @@ from __future__ import annotations
 import torch
 
 from .. import specs
-
-#: c10::ScalarType -> ONNX TensorProto type, for the dtypes torch.eye takes.
-_ONNX_TYPES = {0: 2, 1: 3, 2: 5, 3: 6, 4: 7, 5: 10, 6: 1, 7: 11, 11: 9, 15: 16}
+from ..onnx.builder import C10_DTYPES, ONNX_TYPES
 
 
 def _eye(b, *args):
     # aten::eye(n, dtype, layout, device, pin_memory) or aten::eye.m(n, m, dtype, layout, device, pin_memory)
     n, m, dtype = (args[0], args[0], args[1]) if len(args) == 5 else args[:3]
     scalar_type = None if dtype is None or b.is_none(dtype) else b.value(dtype, "i")
-    onnx_type = _ONNX_TYPES.get(6 if scalar_type is None else scalar_type)  # none given: torch's default, float32
+    dtype = C10_DTYPES.get(6 if scalar_type is None else scalar_type)  # none given: torch's default, float32
+    onnx_type = ONNX_TYPES.get(dtype)
     if onnx_type is None:
         raise specs.UnknownToExporter(f"aten::eye: dtype {scalar_type} has no ONNX type here")
     shape = b.op("Concat", *(b.op("Reshape", b.op("Cast", size, to=7), b.constant([1])) for size in (n, m)), axis=0)

@@ -165,7 +165,17 @@ specs.register(
         name="scatter_reduce",
         torch_op="aten::scatter_reduce.two",
         doc="aten::scatter_reduce -> ONNX ScatterElements (mean and include_self=False too)",
-        lowerings=[specs.Lowering("standard", _scatter_reduce, min_opset=16, note="ScatterElements with reduction")],
+        lowerings=[
+            # float16/bfloat16 reduced in float32 and rounded once: ONNX Runtime's CPU ScatterElements has no
+            # reductions of float16 ("CPU execution provider: MLFloat16 data type is not supported with
+            # ScatterElements opset 16 when reduction is 'add'", ORT 1.32)
+            specs.Lowering(
+                "standard",
+                specs.half_storage(_scatter_reduce),
+                min_opset=16,
+                note="ScatterElements with reduction",
+            )
+        ],
         dtypes=(torch.float32, torch.float64),
         call_paths=_paths(),
         sample_inputs=_sample_inputs,

@@ -84,8 +84,8 @@ def _resample(b, input, output_size, align_corners, scales, mode: str):
     if shape is None or len(shape) != 4:
         raise specs.UnknownToExporter(f"antialiased {mode} export needs a 4-D input of known rank")
     dtype = b.dtype(input, "input")
-    if dtype not in (torch.float32, torch.float64):
-        raise specs.LoweringError(f"antialiased {mode} export: input is {dtype}; float32 and float64 are supported")
+    if dtype not in (torch.float32, torch.float64):  # half inputs arrive as float32 (specs.half_storage)
+        raise specs.LoweringError(f"antialiased {mode} export: input is {dtype}; floating inputs are supported")
     align = bool(b.value(align_corners, "b")) if not b.is_none(align_corners) else False
     factors = [None, None]
     if len(scales) == 1 and not b.is_none(scales[0]):  # the .vec overload: scale_factors
@@ -224,7 +224,9 @@ for _mode, _build in (("bicubic", _bicubic), ("bilinear", _bilinear)):
             lowerings=[
                 specs.Lowering(
                     "standard",
-                    _build,
+                    # float16/bfloat16: computed in float32 and rounded once (as torch's own dynamo rule for them
+                    # was, which this rule replaces: without the cast the rule refused them)
+                    specs.half_storage(_build),
                     min_opset=9,
                     note="weights from the sizes, MatMul (opset >= 18, float32, sizes given: Resize with antialias)",
                 )

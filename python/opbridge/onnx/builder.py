@@ -26,6 +26,9 @@ import torch
 #: torch dtype -> ONNX element type (onnx.TensorProto.FLOAT, ...), for Cast's ``to`` without importing onnx.
 ONNX_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, torch.int32: 6, torch.int64: 7,
               torch.bool: 9, torch.float16: 10, torch.float64: 11, torch.bfloat16: 16}  # fmt: skip
+#: c10::ScalarType code (a ``dtype`` argument of a TorchScript node) -> torch dtype, for the dtypes ONNX has.
+C10_DTYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
+              6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16}  # fmt: skip
 #: TorchScript scalar type / ONNX element type name -> torch dtype, for what builders' dtype() can answer.
 _SCALAR_TYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16,
                  "Long": torch.int64, "Int": torch.int32, "Short": torch.int16, "Char": torch.int8,

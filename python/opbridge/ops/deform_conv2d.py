@@ -80,8 +80,10 @@ def deform_conv2d(
         TypeError: a required tensor is missing or not a tensor; stride, padding or dilation is not an int or
             a pair of ints.
         ValueError: stride or dilation below 1, padding below 0.
-        RuntimeError: dtypes differ or are not float32/float64, a tensor is not on the CPU (or, for meta and
-            fake tensors, not all on one device), or the shapes disagree (the message gives the numbers).
+        RuntimeError: input is not float32/float64/float16/bfloat16, weight or bias lacks input's dtype,
+            offset or mask has neither input's dtype nor (beside a half input) float32, a tensor is not on the
+            CPU (or, for meta and fake tensors, not all on one device), or the shapes disagree (the message gives
+            the numbers).
 
     float32, float64, float16 or bfloat16 (offset and mask may stay float32 beside a half input), CPU or CUDA.
     Differentiable in input, offset, weight, bias and mask (the backward is a C++ kernel, deterministic on the CPU;

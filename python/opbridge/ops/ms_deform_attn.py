@@ -57,12 +57,15 @@ def ms_deform_attn(
 
     Raises:
         TypeError: an argument is not a tensor.
-        RuntimeError: dtypes differ or are not float32/float64 (the level table: any integer type), the tensors
-            are on different devices, the shapes disagree, or the level table does not tile S (the message gives
-            the numbers).
+        RuntimeError: value is not float32/float64/float16/bfloat16, sampling_locations or attention_weights has
+            neither value's dtype nor (beside a half value) float32 (the level table: any integer type), the
+            tensors are on different devices, the shapes disagree, or the level table does not tile S (the message
+            gives the numbers).
 
-    A location outside the map (or NaN) samples zeros. float32 or float64, on the CPU, or on an NVIDIA GPU with
-    opbridge's CUDA library. Differentiable in value, sampling_locations and attention_weights (deterministic C++
+    A location outside the map (or NaN) samples zeros. float32, float64, float16 or bfloat16 (sampling_locations
+    and attention_weights may stay float32 beside a half value: float32 arithmetic inside, the output rounded once
+    to value's dtype; docs/api.md, "Precision and autocast"), on the CPU, or on an NVIDIA GPU with opbridge's CUDA
+    library. Differentiable in value, sampling_locations and attention_weights (deterministic C++
     backward on the CPU; on CUDA grad_value is added with atomics; double backward raises).
 
     On CUDA the level table may be on the GPU (as models build it) or on the CPU. A table on the CPU is checked
