@@ -238,3 +238,42 @@ def test_inspect_creates_one_session_per_kind_of_library_node(monkeypatch):
     _, reports = inspect_model(model)
     assert [r.with_library for r in reports] == [True]
     assert len(calls) == 1, calls
+
+
+def test_inspect_checks_the_element_types_of_nodes_in_subgraphs():
+    """The same mixed grid_sampler inside an If's branch (a value of the outer graph read by name): reported NO with
+    the types, as in the main graph."""
+    from opbridge_ort.inspect import inspect_model
+
+    inner = _mixed_model().graph
+    branch = helper.make_graph(list(inner.node), "branch", [], list(inner.output))
+    other = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["s2"], to=TensorProto.FLOAT16),
+            helper.make_node("Cast", ["x"], ["a2"], to=TensorProto.BFLOAT16),
+        ],
+        "other",
+        [],
+        [
+            helper.make_tensor_value_info("s2", TensorProto.FLOAT16, None),
+            helper.make_tensor_value_info("a2", TensorProto.BFLOAT16, None),
+        ],
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["positive"]),
+        helper.make_node("If", ["positive"], ["s", "a"], then_branch=branch, else_branch=other),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        list(inner.input),
+        list(inner.output),
+        initializer=[helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])],
+    )
+    model = helper.make_model(graph, opset_imports=list(_mixed_model().opset_import))
+    model.ir_version = 8
+    _, reports = inspect_model(model)
+    grid = next(r for r in reports if (r.domain, r.op_type) == ("mmcv", "grid_sampler"))
+    assert not grid.with_library
+    assert "these input types (xh: float16, g: float)" in grid.how

@@ -82,23 +82,35 @@ def _run_by_library(report: OpReport) -> bool:
     return report.domain == DOMAIN or report.library
 
 
+def _graphs(graph):
+    """``graph`` and its subgraphs (If, Loop, Scan bodies), nested ones too."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            for subgraph in [attribute.g, *attribute.graphs]:
+                if subgraph.node:
+                    yield from _graphs(subgraph)
+
+
 def _element_types(model) -> dict[str, int]:
-    """The element type of each value of ``model``'s main graph that declares or infers one."""
+    """The element type of each value of ``model``'s graphs (the main graph's and its subgraphs': a name is defined
+    once in a model, and a subgraph reads its outer graphs' values by name) that declares or infers one."""
     import onnx
 
     with contextlib.suppress(Exception):  # e.g. past protobuf's 2 GB: what the model declares
         model = onnx.shape_inference.infer_shapes(model)
-    graph = model.graph
-    types = {t.name: t.data_type for t in graph.initializer}
-    for value in [*graph.input, *graph.value_info, *graph.output]:
-        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
-            types[value.name] = value.type.tensor_type.elem_type
+    types: dict[str, int] = {}
+    for graph in _graphs(model.graph):
+        types.update((t.name, t.data_type) for t in graph.initializer)
+        for value in [*graph.input, *graph.value_info, *graph.output]:
+            if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+                types[value.name] = value.type.tensor_type.elem_type
     return types
 
 
 def _check_element_types(model, reports: list[OpReport]) -> None:
-    """Whether the library has a kernel for the element types of each of its nodes in ``model``'s main graph (where
-    they are known): each distinct (node, input types) is created alone in a CPU session with the library. A node
+    """Whether the library has a kernel for the element types of each of its nodes in ``model`` (subgraphs too; where
+    the types are known): each distinct (node, input types) is created alone in a CPU session with the library. A node
     with none is no longer reported as runnable, and the report says which types it takes instead."""
     wanted = {(r.domain, r.op_type): r for r in reports}
     if not wanted:
@@ -106,7 +118,7 @@ def _check_element_types(model, reports: list[OpReport]) -> None:
     types = _element_types(model)
     opsets = list(model.opset_import)
     answers: dict[tuple, str | None] = {}
-    for node in model.graph.node:
+    for node in iter_nodes(model.graph):
         report = wanted.get(("" if node.domain in STANDARD_DOMAINS else node.domain, node.op_type))
         if report is None:
             continue
@@ -199,12 +211,8 @@ def _library_ops() -> dict[str, int]:
 
 def iter_nodes(graph):
     """Every node of ``graph``, including those of its subgraphs (If, Loop, Scan bodies)."""
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            for subgraph in [attribute.g, *attribute.graphs]:
-                if subgraph.node:
-                    yield from iter_nodes(subgraph)
+    for each in _graphs(graph):
+        yield from each.node
 
 
 def inspect_model(model) -> tuple[dict[str, int], list[OpReport]]:
