@@ -329,7 +329,9 @@ inline void copy_streaming(void* to, const void* from, int64_t bytes) {
 template <bool kWide, class C, class T>
 [[gnu::always_inline]] inline void store_streaming(T* to, const C& v) {
 #if defined(__SSE2__) && !defined(__CUDACC__)
-  if constexpr (!kWide || sizeof(C) == 16) {
+  // 16 bytes a store where `to` is on 16 bytes only, and where the instruction set has no store as wide as C (a
+  // 32-byte vector of words in an SSE2 build).
+  if constexpr (!kWide || sizeof(C) == 16 || sizeof(C) > kVectorBytes) {
     for (size_t b = 0; b < sizeof(C); b += 16) {
       __m128i part;
       __builtin_memcpy(&part, reinterpret_cast<const char*>(&v) + b, 16);
@@ -671,7 +673,7 @@ template <class T, class I, int D, bool kHeadMajor, class S>
     const MSDeformAttnTaps<T, I>& taps = taps_pair[(row - first) & 1];
     if (row + 1 < last) prepare(row + 1, taps_pair[(row + 1 - first) & 1]);
     R* __restrict out = out_n + (kHeadMajor ? row * m_count + head : row) * d;
-    T* __restrict acc = [&] {  // the row's sums: in registers where D is known, else in out (T) or the taps' row
+    T* __restrict acc = [&]() __attribute__((always_inline)) {  // the row's sums: registers (D known), out or taps' row
       if constexpr (kBFloat16) {
         return D > 0 ? local : taps_pair[0].sums;
       } else {

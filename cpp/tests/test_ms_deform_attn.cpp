@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "check.h"
+// Small blocks of queries (a few per block), so that the head-major order runs several blocks per image, on both
+// threads, each writing its rows at its own offset (the default, 256 KiB, makes every image of these tests one block).
+#define OPBRIDGE_MSDA_BLOCK_BYTES (8 << 10)
 #include "kernels/ms_deform_attn.h"
 
 namespace {
@@ -101,21 +104,28 @@ void test_orders_agree() {
   std::uniform_real_distribution<float> uniform(-0.3f, 1.3f);
   const std::vector<int64_t> spatial{9, 11, 5, 6, 3, 3, 1, 2}, start{0, 99, 129, 138};
   bool same = true, automatic_is_head_major = true, bf16_out_same = true;
-  bool f16_same = true, f16_out_same = true;
+  bool f16_same = true, f16_out_same = true, nan_even = false, nan_odd = false;
   for (int64_t channels : {32, 16, 64, 7, 33}) {
     for (auto [levels, points] : {std::pair<int64_t, int64_t>{4, 4}, {3, 4}, {4, 5}, {1, 1}}) {
       const MSDeformAttnShape s{
-          2, start[levels - 1] + spatial[2 * levels - 2] * spatial[2 * levels - 1], 3, channels, 50, levels, points};
+          2, start[levels - 1] + spatial[2 * levels - 2] * spatial[2 * levels - 1], 3, channels, 49, levels, points};
       std::vector<float> value(s.batch * s.keys * s.heads * channels),
           loc(s.batch * s.queries * s.heads * levels * points * 2);
       std::vector<float> attn(loc.size() / 2);
       for (auto& x : value) x = normal(rng);
       for (auto& x : loc) x = uniform(rng);
       for (auto& x : attn) x = normal(rng);
-      loc[3] = NAN, loc[10] = INFINITY, loc[17] = -1e30f, value[5] = INFINITY;  // value[5]: key 0, head 0
+      loc[3] = NAN, loc[10] = INFINITY, loc[17] = -1e30f;
+      // Infinities of both signs in an even and an odd channel of keys 0 and 1 (head 0): samples between them sum
+      // to NaN in both lanes of a bfloat16 word.
+      value[4] = value[5] = INFINITY;
+      value[3 * channels + 4] = value[3 * channels + 5] = -INFINITY;
       std::vector<float> a(s.batch * s.queries * s.heads * channels);
       ms_deform_attn(value.data(), spatial.data(), start.data(), loc.data(), attn.data(), a.data(), s, ThreadedFor{},
                      MSDeformAttnOrder::query_major);
+      for (size_t i = 0; i < a.size(); ++i) {
+        (i % channels % 2 == 0 ? nan_even : nan_odd) |= std::isnan(a[i]);
+      }
       // The head-major orders into outputs on a line (streaming stores a register at a time), 16 bytes past one
       // (16 bytes at a time, as in a NumPy buffer) and 4 bytes past (plain stores; block by block, through the
       // block's buffer).
@@ -190,6 +200,7 @@ void test_orders_agree() {
     }
   }
   expect(bf16_out_same, "bfloat16 out is the float forward's sums rounded once, in every order and copy");
+  expect(nan_even && nan_odd, "the inputs give NaN sums in even and odd channels (both lanes of a bfloat16 word)");
   expect(f16_same, "float16 value gives the float forward's bits on the widened values, in every order and copy");
   expect(f16_out_same, "float16 out is the float forward's sums rounded once, in every order and copy");
   expect(same, "the head-major forward, block by block and head by head, and the query-major one give the same bits");
