@@ -141,6 +141,9 @@ REFERENCE_CASES = [
     if spec.reference is not None and spec.is_available()
     for path in spec.call_paths
     for dtype in spec.dtypes
+    # A mapping's half cells test its export rule (parity, against the float64 value); eagerly they would run torch's
+    # own half kernels (which may round at every step, or not exist), not opbridge's.
+    if spec.namespace == "opbridge" or dtype not in (torch.float16, torch.bfloat16)
     for operands in spec.operand_kinds
 ]
 

@@ -102,3 +102,103 @@ def test_fused_matmul_without_float64_is_a_gap_of_the_releases_that_lack_it(monk
     assert parity._environment_gap(other) == ""
     monkeypatch.setattr(onnxruntime, "__version__", "1.32.0")
     assert parity._environment_gap(subresults) == ""
+
+
+# --- half-precision cells: ONNX Runtime's output against the float64 value ---------------------------------------
+
+
+def _half_cell(dtype: str) -> parity.Cell:
+    return parity.Cell("my_add", "torch.ops", "legacy", "standard", 17, dtype)
+
+
+@pytest.mark.parametrize("dtype", parity.HALF)
+def test_a_half_cell_passes_one_rounding_of_the_float64_value_and_nothing_more(dtype):
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    spec = specs.get("my_add")
+    want = torch.linspace(-3, 3, 301, dtype=torch.float64) * torch.pi  # not representable: every value rounds
+    rounded = want.to(torch_dtype)
+    assert parity._compare([rounded], [want], spec, _half_cell(dtype), "same", "static").passed
+    # What a float32 kernel gives: the float32 value rounded (a double rounding, within the float32 allowance).
+    via_float32 = want.to(torch.float32).to(torch_dtype)
+    assert parity._compare([via_float32], [want], spec, _half_cell(dtype), "same", "static").passed
+    # The neighbour of the rounded value on the far side: within a unit of the value, yet not its rounding.
+    step = (rounded.double() - want).sign()
+    unit = parity.UNIT_ROUNDOFF[dtype]
+    neighbour = (rounded.double() * (1 + 2 * unit * step)).to(torch_dtype)
+    moved = neighbour != rounded
+    assert moved.any()
+    result = parity._compare([neighbour[moved]], [want[moved]], spec, _half_cell(dtype), "same", "static")
+    assert not result.passed, "a value one step past its rounding must fail"
+    wrong = (want * (1 + 3 * unit)).to(torch_dtype)  # ~3 units away: more than any one rounding
+    result = parity._compare([wrong], [want], spec, _half_cell(dtype), "same", "static")
+    assert not result.passed and "from the float64 value" in result.detail
+
+
+@pytest.mark.parametrize("dtype", parity.HALF)
+def test_a_half_cell_wants_the_half_dtype_back_and_agrees_on_nan_and_infinity(dtype):
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    spec = specs.get("my_add")
+    want = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0], dtype=torch.float64)
+    result = parity._compare([want.float()], [want], spec, _half_cell(dtype), "same", "static")
+    assert not result.passed and f"expected {dtype}[5]" in result.detail
+    assert parity._compare([want.to(torch_dtype)], [want], spec, _half_cell(dtype), "same", "static").passed
+    flipped = torch.tensor([1.0, 0.0, float("inf"), float("inf"), 0.0]).to(torch_dtype)  # NaN lost, -inf flipped
+    assert not parity._compare([flipped], [want], spec, _half_cell(dtype), "same", "static").passed
+    indices = torch.tensor([3, 1, 2])  # integer outputs of a half cell: exact, in their own dtype
+    assert parity._compare([indices], [indices.clone()], spec, _half_cell(dtype), "same", "static").passed
+    assert not parity._compare([indices + 1], [indices], spec, _half_cell(dtype), "same", "static").passed
+
+
+def test_bfloat16_goes_in_and_out_of_onnx_runtime_bit_for_bit():
+    """numpy has no bfloat16: parity feeds ORT the bits and reads them back (ort_run); a Cast to float32 and back
+    must return every bit pattern it was given, NaN and infinities included, at a size ORT decides (dynamic)."""
+    import onnxruntime
+    import torch
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Cast", ["x"], ["wide"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["wide"], ["y"], to=TensorProto.BFLOAT16)]  # fmt: skip
+    info = lambda name: helper.make_tensor_value_info(name, TensorProto.BFLOAT16, None)  # noqa: E731
+    graph = helper.make_graph(nodes, "g", [info("x")], [info("y"), helper.make_tensor_value_info("wide", 1, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    bits = torch.arange(-(2**15), 2**15, 37, dtype=torch.int32).to(torch.int16)
+    x = bits.view(torch.bfloat16).reshape(-1, 1)
+    x = x[~x.isnan().squeeze(1)]  # a NaN's payload may change in the casts; its NaN-ness must not
+    y, wide = parity.ort_run(session, {"x": x})
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    assert torch.equal(y.view(torch.int16), x.view(torch.int16))
+    assert torch.equal(wide, x.float())
+    nan = parity.ort_run(session, {"x": torch.tensor([[float("nan")]], dtype=torch.bfloat16)})[0]
+    assert nan.isnan().all()
+    empty = parity.ort_run(session, {"x": torch.zeros(0, 3, dtype=torch.bfloat16)})[0]
+    assert empty.shape == (0, 3) and empty.dtype == torch.bfloat16
+
+
+def test_half_cells_exist_for_every_op_and_mapping_with_floating_inputs():
+    """Every spec whose dtypes include float32 has float16 and bfloat16 cells (n/a with a reason where the runtime
+    cannot run them): the issue's 'half cells for every op and mapping'."""
+    import torch
+
+    for spec in specs.builtin_specs():
+        if torch.float32 in spec.dtypes:
+            assert {torch.float16, torch.bfloat16} <= set(spec.dtypes), spec.name
+
+
+def test_a_bfloat16_cell_below_opset_13_is_not_applicable_with_its_reason():
+    cell = parity.Cell("my_add", "torch.ops", "legacy", "standard", 9, "bfloat16")
+    failed = [parity.SubResult("same", "static", False, None, "anything")]
+    assert "opset 13" in parity._dtype_gap(specs.get("my_add"), cell, failed)
+    # torch's own dynamo rule lacking ORT kernels is n/a only where torch's rule runs (not opbridge's own ops).
+    no_kernel = [parity.SubResult("same", "static", False, None, "Could not find an implementation for Sinh(9)")]
+    sinh = parity.Cell("sinh", "torch", "dynamo", "standard", 18, "bfloat16")
+    assert "torch's own dynamo rule" in parity._dtype_gap(specs.get("sinh"), sinh, no_kernel)
+    ours = parity.Cell("my_add", "torch.ops", "dynamo", "standard", 18, "bfloat16")
+    assert parity._dtype_gap(specs.get("my_add"), ours, no_kernel) == ""
+    wrong = [parity.SubResult("same", "static", False, 0.5, "max error 0.5 from the float64 value")]
+    assert parity._dtype_gap(specs.get("sinh"), sinh, wrong) == ""

@@ -242,3 +242,27 @@ def test_a_users_symbolic_unregistered_after_an_export_leaves_opbridges_rule():
         torch.onnx.unregister_custom_op_symbolic("aten::grid_sampler", 16)
         torch.onnx.unregister_custom_op_symbolic("aten::grid_sampler", 11)
     assert "GridSample" not in op_types(11) and "GridSample" not in op_types(16)
+
+
+@pytest.mark.parametrize("opset", [16, 17])
+def test_nearest_reflection_grid_sample_breaks_ties_as_torch_does(opset):
+    """A coordinate exactly halfway between pixels, reflected: torch reflects, then rounds half to even (-1.5 -> 0.5
+    -> pixel 0); ONNX Runtime's GridSample (1.32) rounds first (-1.5 -> -2 -> pixel 1). opbridge's rule for the
+    TorchScript-based exporter samples nearest-with-reflection with its Gathers instead of torch's GridSample rule;
+    half grids hit such ties often (the parity matrix's float16 cells found it)."""
+
+    class Sample(torch.nn.Module):
+        def forward(self, x, grid):
+            return torch.nn.functional.grid_sample(x, grid, "nearest", "reflection", align_corners=False)
+
+    x = torch.arange(12, dtype=torch.float32).reshape(1, 1, 3, 4)
+    pixels = torch.tensor([-1.5, -0.5, 0.5, 1.5, 2.5, 3.5, 4.5, 5.5], dtype=torch.float64)  # ties, unnormalized
+    gx = (2 * pixels + 1) / 4 - 1  # exact in float32; the row: the middle one (y = 1.0)
+    grid = torch.stack([gx, torch.zeros_like(gx)], -1).reshape(1, 1, -1, 2).float()
+    buffer = io.BytesIO()
+    torch.onnx.export(Sample(), (x, grid), buffer, dynamo=False, opset_version=opset)
+    model = onnx.load_from_string(buffer.getvalue())
+    assert "GridSample" not in {n.op_type for n in model.graph.node}
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"x": x.numpy(), "grid": grid.numpy()})
+    np.testing.assert_array_equal(got, Sample()(x, grid).numpy())

@@ -176,13 +176,16 @@ def _known_dtype(b, value) -> torch.dtype | None:
         return None
 
 
-def half_storage(build: Callable[..., Any], *, native: Sequence[torch.dtype] = (), floating_output: bool = True):
+def half_storage(
+    build: Callable[..., Any], *, native: Sequence[torch.dtype] = (), floating_output: bool | Sequence[bool] = True
+):
     """``build`` for half storage (docs/api.md, "Precision and autocast"): where the op's first argument is float16
-    or bfloat16, its half arguments are cast to float32, ``build`` builds in float32 and the output is cast back,
-    which is the op's own arithmetic (float32, one rounding) on any runtime: ORT has no float16 GridSample or
-    DeformConv kernel, and a decomposition in half arithmetic would round at every node. ``native``: the half dtypes
-    ``build``'s nodes take as they are where every floating argument has that dtype (a custom node with a float16
-    kernel); ``floating_output`` False: the output is not floating (indices) and stays as built."""
+        or bfloat16, its half arguments are cast to float32, ``build`` builds in float32 and the output is cast back,
+        which is the op's own arithmetic (float32, one rounding) on any runtime: ORT has no float16 GridSample or
+        DeformConv kernel, and a decomposition in half arithmetic would round at every node. ``native``: the half dtypes
+        ``build``'s nodes take as they are where every floating argument has that dtype (a custom node with a float16
+        kernel); ``floating_output`` False: the output is not floating (indices) and stays as built; a sequence: per
+    output of a build that returns several (cummax's values and indices)."""
 
     @functools.wraps(build)
     def lowered(b, *args, **kwargs):
@@ -197,9 +200,10 @@ def half_storage(build: Callable[..., Any], *, native: Sequence[torch.dtype] = (
         args = [b.cast(a, torch.float32) if d in _HALF else a for a, d in zip(args, dtypes, strict=True)]
         kwargs = {k: b.cast(v, torch.float32) if keyword_dtypes[k] in _HALF else v for k, v in kwargs.items()}
         out = build(b, *args, **kwargs)
-        if not floating_output:
-            return out
-        return tuple(b.cast(o, main) for o in out) if isinstance(out, (tuple, list)) else b.cast(out, main)
+        if isinstance(out, (tuple, list)):
+            floating = [floating_output] * len(out) if isinstance(floating_output, bool) else floating_output
+            return tuple(b.cast(o, main) if f else o for o, f in zip(out, floating, strict=True))
+        return b.cast(out, main) if floating_output else out
 
     return lowered
 

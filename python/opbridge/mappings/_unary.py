@@ -45,8 +45,10 @@ def unary_spec(name: str, torch_fn, onnx_op: str, min_opset: int, domain_transfo
             name=name,
             torch_op=f"aten::{name}",
             doc=f"aten::{name} -> ONNX {onnx_op}",
-            lowerings=[specs.Lowering("standard", float_unary(onnx_op), min_opset=min_opset, note=onnx_op)],
-            dtypes=extra.pop("dtypes", (torch.float32, torch.float64)),
+            lowerings=[
+                specs.Lowering("standard", specs.half_storage(float_unary(onnx_op)), min_opset=min_opset, note=onnx_op)
+            ],
+            dtypes=extra.pop("dtypes", (torch.float32, torch.float64, torch.float16, torch.bfloat16)),
             call_paths={"torch": unary_module(torch_fn)},
             sample_inputs=unary_inputs(domain_transform),
             input_names=("x",),

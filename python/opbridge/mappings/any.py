@@ -59,7 +59,7 @@ specs.register(
         torch_op="aten::any",
         doc="aten::any -> Cast to bool, ReduceSum, Greater (torch's TorchScript-exporter rule misses negatives)",
         lowerings=[specs.Lowering("standard", _any, min_opset=9, note="Cast, ReduceSum, Greater")],
-        dtypes=(torch.float32, torch.int64),
+        dtypes=(torch.float32, torch.float16, torch.bfloat16, torch.int64),
         call_paths={"all": _Any, "dim": lambda: _Any(1), "dim_keepdim": lambda: _Any(1, True)},
         sample_inputs=_sample_inputs,
         input_names=("x",),

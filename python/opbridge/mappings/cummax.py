@@ -135,8 +135,16 @@ for _kind, _build in (("max", _cummax), ("min", _cummin)):
             torch_op=f"aten::cum{_kind}",
             doc=f"aten::cum{_kind} -> an n x n comparison along dim, Reduce{_kind.capitalize()} (values) and the last "
             "matching position (indices); no exporter of torch has a rule",
-            lowerings=[specs.Lowering("standard", _build, min_opset=9, note=f"Reduce{_kind.capitalize()} of n x n")],
-            dtypes=(torch.float32, torch.float64, torch.int64),
+            # Half values compared in float32 (exact: widening is; ORT's CPU has no bfloat16 IsNaN, Where or ReduceMax).
+            lowerings=[
+                specs.Lowering(
+                    "standard",
+                    specs.half_storage(_build, floating_output=(True, False)),
+                    min_opset=9,
+                    note=f"Reduce{_kind.capitalize()} of n x n",
+                )
+            ],
+            dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64),
             call_paths={
                 "dim1": lambda _kind=_kind: _Cumulative(getattr(torch, f"cum{_kind}"), 1),
                 "dim-1": lambda _kind=_kind: _Cumulative(getattr(torch, f"cum{_kind}"), -1),

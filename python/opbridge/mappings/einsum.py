@@ -196,7 +196,7 @@ specs.register(
         doc="aten::einsum below opset 12 -> ReduceSum, Transpose, MatMul per operand pair (torch's "
         "TorchScript-exporter rule needs Einsum, opset 12)",
         lowerings=[specs.Lowering("standard", _einsum, min_opset=9, max_opset=11, note="ReduceSum, Transpose, MatMul")],
-        dtypes=(torch.float32, torch.float64, torch.int64),
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64),
         call_paths={"torch": _Einsum},
         sample_inputs=_sample_inputs,
         operand_kinds=tuple(_EQUATIONS),

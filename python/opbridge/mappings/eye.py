@@ -38,8 +38,14 @@ class _Eye(torch.nn.Module):
 
     def forward(self, x):
         if self.mask:
-            return torch.where(torch.eye(x.shape[-1], dtype=torch.bool), x, torch.zeros_like(x))
-        return x + torch.eye(x.shape[-2], x.shape[-1], dtype=x.dtype)
+            identity = torch.eye(x.shape[-1], dtype=torch.bool)
+        else:
+            identity = torch.eye(x.shape[-2], x.shape[-1], dtype=x.dtype)
+        if x.dtype in (torch.float16, torch.bfloat16):  # the rest in float32: ORT's CPU has no bfloat16 Where, Add
+            wide = x.float()
+            out = torch.where(identity, wide, torch.zeros_like(wide)) if self.mask else wide + identity.float()
+            return out.to(x.dtype)
+        return torch.where(identity, x, torch.zeros_like(x)) if self.mask else x + identity
 
 
 def _sample_inputs(dtype: torch.dtype, operands: str, batch: int):
@@ -59,7 +65,7 @@ specs.register(
         doc="aten::eye -> EyeLike of int64 zeros, Cast to the asked dtype (torch's rule is EyeLike of that dtype, "
         "which ONNX Runtime has no bool kernel for)",
         lowerings=[specs.Lowering("standard", _eye, min_opset=9, note="ConstantOfShape, EyeLike, Cast")],
-        dtypes=(torch.float32, torch.float64),
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
         call_paths={"mask": lambda: _Eye(mask=True), "values": lambda: _Eye(mask=False)},
         sample_inputs=_sample_inputs,
         input_names=("x",),

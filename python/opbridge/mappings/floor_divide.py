@@ -80,6 +80,8 @@ class _FloorDivide(torch.nn.Module):
 
 class _FloorDivideScalar(torch.nn.Module):
     def forward(self, x, y):
+        if x.dtype in (torch.float16, torch.bfloat16):  # the rest in float32: ORT's CPU has no bfloat16 Mul, Add
+            return ((x // -3).float() + y.float() * 0).to(x.dtype)
         return x // -3 + y * 0
 
 
@@ -109,9 +111,11 @@ specs.register(
         torch_op="aten::floor_divide",
         doc="aten::floor_divide (a // b) -> Div/Mod with floor rounding (torch's TorchScript-exporter rule truncates)",
         lowerings=[
-            specs.Lowering("standard", _floor_divide, min_opset=9, note="Div, Mod (floats, opset >= 10), Where")
+            specs.Lowering(
+                "standard", specs.half_storage(_floor_divide), min_opset=9, note="Div, Mod (floats, opset >= 10), Where"
+            )
         ],
-        dtypes=(torch.float32, torch.float64, torch.int64, torch.int32),
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32),
         call_paths={"tensor": _FloorDivide, "scalar": _FloorDivideScalar},
         sample_inputs=_sample_inputs,
         input_names=("x", "y"),

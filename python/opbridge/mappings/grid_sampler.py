@@ -3,7 +3,8 @@
 The TorchScript-based exporter has a rule from opset 16 only (ONNX GridSample), yet mmdeploy's default pipeline
 exports at opset 11 and Qualcomm's toolchain stops at 12; and GridSample is 4-D only before opset 20, so 5-D
 (volumetric) inputs fail at 16-19. This rule serves 4-D at opsets 11-15 (torch's own GridSample-16 from 16,
-except float64, which ONNX Runtime has no GridSample-16 kernel of) and 5-D at 11-19 (torch's GridSample-20 from
+except float64, which ONNX Runtime has no GridSample-16 kernel of, and nearest with reflection, whose ties ONNX
+Runtime's GridSample breaks otherwise than torch) and 5-D at 11-19 (torch's GridSample-20 from
 20): bilinear (trilinear in 5-D) and nearest, padding zeros, border and reflection, both ``align_corners``;
 batch and sizes dynamic.
 
@@ -51,9 +52,13 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
             known = None
         if known != target:
             grid = b.op("Cast", grid, to=ONNX_TYPES[target])
-    if b.opset >= 16 and len(shape) == 4 and b.dtype(input) != torch.float64:
+    ties_wrong = mode == "nearest" and padding == "reflection"
+    if b.opset >= 16 and len(shape) == 4 and b.dtype(input) != torch.float64 and not ties_wrong:
         # torch's own rule (ONNX GridSample-16) serves 4-D from opset 16; not float64 below 20, which ONNX Runtime
-        # has no GridSample-16 kernel of (this rule's Gathers run in float64).
+        # has no GridSample-16 kernel of (this rule's Gathers run in float64); not nearest with reflection, where
+        # ONNX Runtime's GridSample (1.32) rounds a coordinate halfway between pixels before it reflects it (torch
+        # reflects, then rounds half to even): -1.5 samples pixel 1 where torch samples 0, and half grids hit such
+        # ties often.
         from ..onnx import _torch_hooks
 
         builtin = _torch_hooks.legacy_builtin_symbolic("aten::grid_sampler", b.opset)
@@ -234,6 +239,16 @@ def _known_gaps(cell) -> str | None:
         return "the Gather rule needs opset >= 11 (Round, Range)"
     if cell.exporter == "dynamo" and cell.opset < 20 and cell.dtype == "float64":
         return "torch's dynamo rule writes GridSample-16, which ONNX Runtime has no float64 kernel of (opset < 20)"
+    if (
+        cell.exporter == "dynamo"
+        and cell.path.startswith("nearest_reflection")
+        and cell.dtype in ("float16", "bfloat16")
+    ):
+        return (
+            "torch's dynamo rule writes GridSample, and ONNX Runtime's (1.32) rounds a coordinate halfway between "
+            "pixels before reflecting it where torch reflects first (-1.5 samples pixel 1, torch pixel 0); half grids "
+            "hit such ties (the TorchScript-based exporter's rule samples with Gathers there)"
+        )
     return None
 
 
@@ -253,7 +268,7 @@ specs.register(
                 note="Gather; 4-D: torch's GridSample-16 from 16 (float64: Gather)",
             )
         ],
-        dtypes=(torch.float32, torch.float64),
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
         call_paths=_paths(),
         sample_inputs=_sample_inputs,
         operand_kinds=("4d", "5d"),

@@ -58,8 +58,15 @@ specs.register(
         torch_op="aten::isin.Tensor_Tensor",
         doc="aten::isin -> Equal against every test element, ReduceSum > 0 (Not for invert); the TorchScript-based "
         "exporter has no rule",
-        lowerings=[specs.Lowering("standard", _isin, min_opset=11, note="Unsqueeze, Equal, ReduceSum, Greater")],
-        dtypes=(torch.int64, torch.float32),
+        lowerings=[
+            specs.Lowering(
+                "standard",
+                specs.half_storage(_isin, floating_output=False),
+                min_opset=11,
+                note="Unsqueeze, Equal, ReduceSum, Greater",
+            )
+        ],
+        dtypes=(torch.int64, torch.float32, torch.float16, torch.bfloat16),
         call_paths={"tensor": _IsIn, "invert": lambda: _IsIn(invert=True)},
         sample_inputs=_sample_inputs,
         input_names=("elements", "test_elements"),

@@ -28,13 +28,15 @@ def _linspace(b, start, end, steps, dtype, *rest):
     asked = torch.get_default_dtype() if b.is_none(dtype) else C10_DTYPES.get(b.value(dtype, "i"))
     if asked not in ONNX_TYPES:
         raise specs.UnknownToExporter(f"aten::linspace: dtype {asked} has no ONNX type here")
-    out = b.op("Cast", builtin(b.g, start, end, steps, dtype, *rest), to=ONNX_TYPES[asked])
+    # Half dtypes select in float32 and round once (ONNX Runtime's CPU has no bfloat16 Where).
+    inner = torch.float32 if asked in (torch.float16, torch.bfloat16) else asked
+    out = b.op("Cast", builtin(b.g, start, end, steps, dtype, *rest), to=ONNX_TYPES[inner])
     count = b.constant_value(steps)
-    if count is not None and int(count) != 1:
-        return out
-    first = b.op("Cast", b.op("Reshape", start, b.constant([1])), to=ONNX_TYPES[asked])
-    one = b.op("Equal", b.op("Cast", steps, to=ONNX_TYPES[torch.int64]), b.constant(1))  # a traced count: any int
-    return b.op("Where", one, first, out)
+    if count is None or int(count) == 1:
+        first = b.op("Cast", b.op("Reshape", start, b.constant([1])), to=ONNX_TYPES[inner])
+        one = b.op("Equal", b.op("Cast", steps, to=ONNX_TYPES[torch.int64]), b.constant(1))  # a traced count: any int
+        out = b.op("Where", one, first, out)
+    return out if inner == asked else b.op("Cast", out, to=ONNX_TYPES[asked])
 
 
 class _Linspace(torch.nn.Module):
@@ -42,7 +44,10 @@ class _Linspace(torch.nn.Module):
 
     def forward(self, x):
         steps = 6 - x.shape[0]
-        return x.sum(dim=(1, 2)).mean() * 0 + torch.linspace(0.5, steps - 0.5, steps, dtype=x.dtype)
+        points = torch.linspace(0.5, steps - 0.5, steps, dtype=x.dtype)
+        if x.dtype in (torch.float16, torch.bfloat16):  # the rest in float32: ORT's CPU has no bfloat16 ReduceSum, Add
+            return (x.float().sum(dim=(1, 2)).mean() * 0 + points.float()).to(x.dtype)
+        return x.sum(dim=(1, 2)).mean() * 0 + points
 
 
 def _sample_inputs(dtype: torch.dtype, operands: str, batch: int):
@@ -67,7 +72,7 @@ specs.register(
         torch_op="aten::linspace",
         doc="aten::linspace -> torch's rule, with Where(steps == 1, start, ...): torch's divides 0 by 0 there",
         lowerings=[specs.Lowering("standard", _linspace, min_opset=9, note="torch's rule; Where for one step")],
-        dtypes=(torch.float32, torch.float64),
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
         call_paths={"traced count": _Linspace},
         sample_inputs=_sample_inputs,
         input_names=("x",),

@@ -43,7 +43,7 @@ specs.register(
         torch_op="aten::outer",
         doc="aten::outer below opset 12 -> Unsqueeze, Mul (torch's TorchScript-exporter rule needs Einsum, opset 12)",
         lowerings=[specs.Lowering("standard", _outer, min_opset=9, max_opset=11, note="Unsqueeze, Mul")],
-        dtypes=(torch.float32, torch.int64),
+        dtypes=(torch.float32, torch.float16, torch.bfloat16, torch.int64),
         call_paths={"torch": _Outer},
         sample_inputs=_sample_inputs,
         input_names=("a", "b"),

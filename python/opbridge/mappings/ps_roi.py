@@ -223,13 +223,20 @@ def _align_gaps(cell) -> str | None:
     return specs.ORT_NO_OPSET22_ROI_KERNELS if cell.opset >= 22 else None
 
 
+def _lowering(build, min_opset: int, note: str) -> specs.Lowering:
+    """Half inputs pooled in float32 and rounded once; the channel mapping (int64) stays."""
+    return specs.Lowering(
+        "standard", specs.half_storage(build, floating_output=(True, False)), min_opset=min_opset, note=note
+    )
+
+
 specs.register(
     specs.OpSpec(
         name="torchvision.ps_roi_align",
         torch_op="torchvision::ps_roi_align",
         doc="torchvision::ps_roi_align -> RoiAlign (half_pixel) and a position-sensitive channel pick",
-        lowerings=[specs.Lowering("standard", _ps_roi_align, min_opset=16, note="RoiAlign-16, Mul, ReduceSum")],
-        dtypes=(torch.float32, torch.float64),
+        lowerings=[_lowering(_ps_roi_align, 16, "RoiAlign-16, Mul, ReduceSum")],
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
         call_paths={name: (lambda a=a: _PsRoiAlign(*a)) for name, a in _ALIGN_PATHS.items()},
         sample_inputs=_sample_inputs,
         input_names=("x", "rois"),
@@ -245,8 +252,8 @@ specs.register(
         name="torchvision.ps_roi_pool",
         torch_op="torchvision::ps_roi_pool",
         doc="torchvision::ps_roi_pool -> integer bins averaged through an integral image (CumSum, Gather)",
-        lowerings=[specs.Lowering("standard", _ps_roi_pool, min_opset=11, note="CumSum, Gather")],
-        dtypes=(torch.float32, torch.float64),
+        lowerings=[_lowering(_ps_roi_pool, 11, "CumSum, Gather")],
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
         call_paths={name: (lambda a=a: _PsRoiPool(*a)) for name, a in _POOL_PATHS.items()},
         sample_inputs=_sample_inputs,
         input_names=("x", "rois"),

@@ -118,8 +118,10 @@ specs.register(
         name="torchvision.roi_align",
         torch_op="torchvision::roi_align",
         doc="torchvision::roi_align at opsets 11-15 (aligned=True raises instead of exporting a wrong model)",
-        lowerings=[specs.Lowering("standard", _roi_align, min_opset=11, max_opset=15, note="RoiAlign-10")],
-        dtypes=(torch.float32,),
+        lowerings=[
+            specs.Lowering("standard", specs.half_storage(_roi_align), min_opset=11, max_opset=15, note="RoiAlign-10")
+        ],
+        dtypes=(torch.float32, torch.float16, torch.bfloat16),
         call_paths={name: (lambda sr=sr, al=al: _RoiAlign(sr, al)) for name, (sr, al) in _PATHS.items()},
         sample_inputs=_sample_inputs,
         input_names=("x", "rois"),

@@ -97,8 +97,12 @@ specs.register(
         name="torchvision.roi_pool",
         torch_op="torchvision::roi_pool",
         doc="torchvision::roi_pool -> MaxRoiPool, with the dynamo exporter too (argmax: removed if unused)",
-        lowerings=[specs.Lowering("standard", _roi_pool, min_opset=1, note="MaxRoiPool")],
-        dtypes=(torch.float32,),
+        lowerings=[
+            specs.Lowering(
+                "standard", specs.half_storage(_roi_pool, floating_output=(True, False)), min_opset=1, note="MaxRoiPool"
+            )
+        ],
+        dtypes=(torch.float32, torch.float16, torch.bfloat16),
         call_paths={
             name: (lambda size=size, scale=scale: _RoiPool(size, scale)) for name, (size, scale) in _PATHS.items()
         },

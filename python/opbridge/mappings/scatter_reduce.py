@@ -176,7 +176,7 @@ specs.register(
                 note="ScatterElements with reduction",
             )
         ],
-        dtypes=(torch.float32, torch.float64),
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
         call_paths=_paths(),
         sample_inputs=_sample_inputs,
         input_names=("x", "index", "src"),

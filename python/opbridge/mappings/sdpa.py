@@ -79,8 +79,8 @@ class _Attention(torch.nn.Module):
         mask = None
         if self.mask == "bool":
             mask = (k[..., :1].transpose(-1, -2) > -1.0).expand(*q.shape[:-1], k.shape[-2])  # [.., Lq, S]
-        elif self.mask == "float":
-            mask = torch.matmul(q[..., :1], k[..., :1].transpose(-1, -2)) * 0.1
+        elif self.mask == "float":  # per key, broadcast over queries; no node ORT lacks a bfloat16 kernel of
+            mask = k[..., :1].transpose(-1, -2)  # [.., 1, S]
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.is_causal,
                                                                 scale=self.scale)  # fmt: skip
 
@@ -100,7 +100,7 @@ def _reference(q, k, v, path: str = "plain"):
     if path == "bool_mask":
         scores = scores.masked_fill(~(k[..., :1].transpose(-1, -2) > -1.0), -math.inf)
     if path == "float_mask":
-        scores = scores + (q[..., :1] @ k[..., :1].transpose(-1, -2)) * 0.1
+        scores = scores + k[..., :1].transpose(-1, -2)
     if path == "causal":
         rows, cols = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(rows, cols, dtype=torch.bool).triu(1), -math.inf)
@@ -113,8 +113,12 @@ specs.register(
         torch_op="aten::scaled_dot_product_attention",
         doc="aten::scaled_dot_product_attention at opsets 11-13 -> MatMul, Softmax, MatMul (torch's TorchScript "
         "rule needs opset 14)",
-        lowerings=[specs.Lowering("standard", _sdpa, min_opset=11, max_opset=13, note="MatMul, Softmax, MatMul")],
-        dtypes=(torch.float32, torch.float64),
+        lowerings=[
+            specs.Lowering(
+                "standard", specs.half_storage(_sdpa), min_opset=11, max_opset=13, note="MatMul, Softmax, MatMul"
+            )
+        ],
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
         call_paths={
             "plain": _Attention,
             "scale": lambda: _Attention(scale=0.3),

@@ -48,22 +48,24 @@ specs.register(
         torch_op="aten::selu",
         doc="aten::selu -> ONNX Selu, or an onnxscript function",
         lowerings=[
-            specs.Lowering("standard", lambda b, x: b.op("Selu", x), min_opset=9, note="Selu"),
+            specs.Lowering("standard", specs.half_storage(lambda b, x: b.op("Selu", x)), min_opset=9, note="Selu"),
             # LessOrEqual needs opset 12, CastLike 15.
             specs.Lowering(
                 "function",
-                functions.call(
-                    _SELU,
-                    set_type=lambda b, out, x: (
-                        b.set_type(out, x, x.type().varyingSizes()) if b.exporter == "legacy" else None
-                    ),
+                specs.half_storage(
+                    functions.call(
+                        _SELU,
+                        set_type=lambda b, out, x: (
+                            b.set_type(out, x, x.type().varyingSizes()) if b.exporter == "legacy" else None
+                        ),
+                    )
                 ),
                 min_opset=15,
                 function=_SELU,
                 note="onnxscript function Selu",
             ),
         ],
-        dtypes=(torch.float32, torch.float64),
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
         call_paths={"torch": unary_module(torch.nn.functional.selu)},
         sample_inputs=unary_inputs(lambda x: 2 * x),
         input_names=("x",),

@@ -44,8 +44,8 @@ specs.register(
         name="softplus",
         torch_op="aten::softplus",
         doc="aten::softplus -> Softplus with beta and threshold (torch's TorchScript-exporter rule drops threshold)",
-        lowerings=[specs.Lowering("standard", _softplus, min_opset=9, note="Softplus, Where")],
-        dtypes=(torch.float32, torch.float64),
+        lowerings=[specs.Lowering("standard", specs.half_storage(_softplus), min_opset=9, note="Softplus, Where")],
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
         call_paths={name: (lambda a=a: _Softplus(*a)) for name, a in _PATHS.items()},
         sample_inputs=lambda dtype, operands, batch: (
             torch.randn(batch, 3, 8, generator=torch.Generator().manual_seed(batch), dtype=torch.float64)

@@ -231,7 +231,7 @@ for _mode, _build in (("bicubic", _bicubic), ("bilinear", _bilinear)):
                     note="weights from the sizes, MatMul (opset >= 18, float32, sizes given: Resize with antialias)",
                 )
             ],
-            dtypes=(torch.float32, torch.float64),
+            dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
             call_paths={how: lambda _mode=_mode, how=how: _Interpolate(_mode, how) for how in _PATHS},
             sample_inputs=_sample_inputs,
             input_names=("x",),

@@ -811,7 +811,7 @@ def _known_gaps(cell) -> str | None:
 
 
 _COMMON = {
-    "dtypes": (torch.float32, torch.float64, torch.float16),
+    "dtypes": (torch.float32, torch.float64, torch.float16, torch.bfloat16),
     "operand_kinds": ("mask", "no_mask"),
     "sample_inputs": _sample_inputs,
     "input_names": ("x", "offset", "mask"),
@@ -821,7 +821,7 @@ _COMMON = {
         op_type="DeformConv2d",
         inputs=("X", "W", "offset", "B", "mask"),
         outputs=("Y",),
-        types=("tensor(float)", "tensor(double)", "tensor(float16)"),
+        types=("tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"),
         doc="ONNX DeformConv's semantics, inputs and attributes (B and mask optional).",
         optional_inputs=("B", "mask"),
         attributes=(
@@ -848,11 +848,6 @@ specs.register(
 
 
 def _torchvision_gaps(cell) -> str | None:
-    if cell.dtype == "float16":
-        return (
-            "torchvision's CPU deform_conv2d computes float16 in float16 arithmetic (7x the error of one rounding on "
-            "these inputs); the exported model computes in float32 and rounds once, as opbridge.deform_conv2d does"
-        )
     if cell.exporter == "dynamo" and specs.torch_version() < (2, 13):
         return (
             "torch <= 2.9's dynamo exporter translates torchvision::deform_conv2d itself, ignoring "

@@ -208,7 +208,7 @@ SPEC = specs.register(
             types=("tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"),
             doc="C = 2 * A + B with multidirectional (NumPy) broadcasting.",
         ),
-        dtypes=(torch.float32, torch.float64, torch.float16),
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
         call_paths={"torch.ops": MyAdd, "pybind": _Pybind, "autograd.Function": _AutogradFunction},
         sample_inputs=_sample_inputs,
         operand_kinds=("same", "broadcast"),

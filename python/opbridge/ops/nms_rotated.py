@@ -191,7 +191,7 @@ SPEC = specs.register(
             op_type="NmsRotated",
             inputs=("boxes", "scores", "labels"),
             outputs=("keep",),
-            types=("tensor(float)", "tensor(double)", "tensor(float16)"),
+            types=("tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"),
             doc="mmcv's nms_rotated: boxes [N, 5], scores [N], labels [N] (optional) -> kept indices [K] (int64), "
             "decreasing score; suppress at IoU > iou_threshold, within a label.",
             optional_inputs=("labels",),
@@ -199,7 +199,7 @@ SPEC = specs.register(
             int64_inputs=("labels",),
             int64_outputs=("keep",),
         ),
-        dtypes=(torch.float32, torch.float64, torch.float16),
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
         call_paths={"torch.ops": _Model},
         sample_inputs=_sample_inputs,
         operand_kinds=_KINDS,

@@ -490,7 +490,7 @@ SPEC = specs.register(
             op_type="RoiAlignRotated",
             inputs=("input", "rois"),
             outputs=("output",),
-            types=("tensor(float)", "tensor(double)", "tensor(float16)"),
+            types=("tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"),
             doc="mmcv's roi_align_rotated: input [N, C, H, W], rois [K, 6] (batch, cx, cy, w, h, angle) -> "
             "[K, C, output_height, output_width]; the attributes of mmcv's MMCVRoIAlignRotated.",
             attributes=(
@@ -502,7 +502,7 @@ SPEC = specs.register(
                 ("spatial_scale", "float"),
             ),
         ),
-        dtypes=(torch.float32, torch.float64, torch.float16),
+        dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
         call_paths={"torch.ops": _Model},
         sample_inputs=_sample_inputs,
         operand_kinds=tuple(_KINDS),

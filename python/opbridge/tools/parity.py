@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
+import ctypes
 import dataclasses
 import functools
 import io
 import json
+import math
 import os
 import sys
 import time
@@ -55,15 +58,30 @@ _DTYPE_NAMES = {
     torch.float32: "float32",
     torch.float64: "float64",
     torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
     torch.int32: "int32",
     torch.int64: "int64",
     torch.bool: "bool",
 }
-# (rtol, atol) for ORT vs PyTorch; float16 allows the two roundings of Mul+Add vs one.
+#: The half-precision dtypes. Their cells compare ONNX Runtime's output with the float64 value of the same inputs
+#: (the half inputs and the module's half parameters, widened exactly), not with PyTorch's half output: opbridge's
+#: ops and lowerings compute half storage in float32 and round once (docs/api.md, "Precision and autocast"), which
+#: is that value within one rounding; torch's own half kernels (e.g. torchvision's CPU deform_conv2d, grid_sample)
+#: may round at every step, and no tolerance would tell those apart from a wrong lowering.
+HALF = ("float16", "bfloat16")
+#: The unit roundoff of each half dtype: a rounding to nearest is off by at most this much of the value.
+UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
+#: Half of float16's smallest subnormal step: a rounding's error where relative bounds no longer hold.
+_SUBNORMAL_ROUNDING = {"float16": 2.0**-25, "bfloat16": 0.0}
+
+# (rtol, atol) for ORT vs PyTorch. Half dtypes (HALF): ORT vs the float64 value, |got - want| <= rtol * |want| +
+# atol * max|want| (the output's largest magnitude: a scale-free allowance for the float32 arithmetic inside, which
+# is off by a fraction of the largest terms) + a subnormal's rounding; by default rtol is one rounding.
 _TOLERANCES = {
     "float32": (1e-5, 1e-6),
     "float64": (1e-12, 1e-12),
-    "float16": (2e-3, 2e-3),
+    "float16": (UNIT_ROUNDOFF["float16"], UNIT_ROUNDOFF["float16"] / 256),
+    "bfloat16": (UNIT_ROUNDOFF["bfloat16"], UNIT_ROUNDOFF["bfloat16"] / 256),
     "int32": (0, 0),
     "int64": (0, 0),
     "bool": (0, 0),
@@ -132,7 +150,9 @@ def representative_opsets() -> set[int]:
 #: dtypes whose cells run at the representative opsets only, unless opsets are chosen: half storage casts to
 #: float32 around the same lowerings (specs.half_storage), so each lowering's opset range needs one opset, and the
 #: main job stays inside its time (docs/architecture.md).
-REPRESENTATIVE_ONLY = {"float16"}
+REPRESENTATIVE_ONLY = set(HALF)
+#: ONNX has bfloat16 from opset 13 (Cast-13 and the ops of that release): a bfloat16 cell below it is n/a.
+BFLOAT16_MIN_OPSET = 13
 
 
 def cells(
@@ -182,6 +202,13 @@ def _batch_dims(small: Sequence[torch.Tensor], large: Sequence[torch.Tensor]) ->
     return [[d for d in range(t.dim()) if t.shape[d] != u.shape[d]] for t, u in zip(small, large, strict=True)]
 
 
+def _widened(tensors: Sequence[torch.Tensor], cell: Cell) -> tuple[torch.Tensor, ...]:
+    """A half cell's inputs in float64 (exactly their values); other cells' inputs as they are."""
+    if cell.dtype not in HALF:
+        return tuple(tensors)
+    return tuple(t.double() if t.dtype.is_floating_point else t for t in tensors)
+
+
 def _as_tuple(output) -> tuple[torch.Tensor, ...]:
     return tuple(output) if isinstance(output, (tuple, list)) else (output,)
 
@@ -207,9 +234,11 @@ def _case(spec: specs.OpSpec, cell: Cell, operands: str, batch: str) -> _Case:
     export_inputs = spec.sample_inputs(dtype, operands, EXPORT_BATCH)
     run_batch = EXPORT_BATCH if batch == "static" else DYNAMIC_RUN_BATCH
     run_inputs = spec.sample_inputs(dtype, operands, run_batch)
+    # Half cells: the float64 value of the same half inputs and parameters (see HALF).
+    reference = copy.deepcopy(module).to(torch.float64) if cell.dtype in HALF else module
     with torch.no_grad():
-        expected = _as_tuple(module(*run_inputs))
-        export_outputs = _as_tuple(module(*export_inputs))
+        expected = _as_tuple(reference(*_widened(run_inputs, cell)))
+        export_outputs = _as_tuple(reference(*_widened(export_inputs, cell)))
     output_names = [f"out{i}" for i in range(len(expected))]
     input_names = list(spec.input_names[: len(export_inputs)])
     kwargs: dict = {"input_names": input_names, "output_names": output_names}
@@ -345,30 +374,92 @@ def run_subcase(
         else:
             session = opbridge_ort.InferenceSession(model, options)
     with clock("run"):
-        feeds = {name: t.numpy() for name, t in zip(case.input_names, run_inputs, strict=True)}
-        got = session.run(None, feeds)
+        got = ort_run(session, dict(zip(case.input_names, run_inputs, strict=True)))
     with clock("compare"):
         return _compare(got, case.expected, spec, cell, operands, batch)
 
 
-def _compare(got: Sequence[np.ndarray], expected: Sequence[torch.Tensor], spec: specs.OpSpec, cell: Cell,
+def ort_run(session, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """``session``'s outputs on ``feeds``, as tensors. numpy has no bfloat16: bfloat16 inputs go in as ORT values
+    of their bits, and outputs come back through an I/O binding (ORT allocates them; their bits are copied out)."""
+    import onnxruntime
+
+    if not any(t.dtype == torch.bfloat16 for t in feeds.values()) and not any(
+        o.type == "tensor(bfloat16)" for o in session.get_outputs()
+    ):
+        return [torch.from_numpy(np.asarray(o)) for o in session.run(None, {k: t.numpy() for k, t in feeds.items()})]
+    from onnx import TensorProto
+
+    if not hasattr(onnxruntime.OrtValue, "ortvalue_from_numpy_with_onnx_type"):
+        raise RuntimeError(_NO_BFLOAT16_FEED)
+    binding = session.io_binding()
+    for name, tensor in feeds.items():
+        if tensor.dtype == torch.bfloat16:
+            bits = tensor.contiguous().view(torch.int16).numpy().view(np.uint16)
+            value = onnxruntime.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, TensorProto.BFLOAT16)
+        else:
+            value = onnxruntime.OrtValue.ortvalue_from_numpy(tensor.contiguous().numpy())
+        binding.bind_ortvalue_input(name, value)
+    for output in session.get_outputs():
+        binding.bind_output(output.name, "cpu")
+    session.run_with_iobinding(binding)
+    outputs = []
+    for value in binding.get_outputs():
+        if value.data_type() != "tensor(bfloat16)":
+            outputs.append(torch.from_numpy(value.numpy()))
+            continue
+        shape = value.shape()
+        size = int(np.prod(shape, dtype=np.int64))
+        bits = np.zeros(size, np.uint16)
+        if size:
+            ctypes.memmove(bits.ctypes.data, value.data_ptr(), 2 * size)
+        outputs.append(torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).reshape(shape))
+    return outputs
+
+
+_NO_BFLOAT16_FEED = (
+    "this ONNX Runtime's Python API cannot feed bfloat16 (it lacks OrtValue.ortvalue_from_numpy_with_onnx_type)"
+)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _compare(got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], spec: specs.OpSpec, cell: Cell,
              operands: str, batch: str) -> SubResult:  # fmt: skip
+    """ORT's outputs against the expected ones: the same dtype and shape, and values within the cell's tolerance
+    (see _TOLERANCES); the same infinity, or NaN where a NaN is expected, is agreement."""
     rtol, atol = spec.tolerances.get(cell.dtype, _TOLERANCES[cell.dtype])
+    half = cell.dtype in HALF
     max_error = 0.0
-    for ort_out, torch_out in zip(got, expected, strict=True):
-        want = torch_out.numpy()
-        if ort_out.shape != want.shape or ort_out.dtype != want.dtype:
+    for ort_out, want in zip(got, expected, strict=True):
+        # A half cell's expected floating outputs are float64 values of what should come back in the half dtype.
+        want_dtype = want.dtype
+        if half and want.is_floating_point():
+            want_dtype = next(d for d, n in _DTYPE_NAMES.items() if n == cell.dtype)
+        if ort_out.shape != want.shape or ort_out.dtype != want_dtype:
             return SubResult(
                 operands, batch, False, None,
-                f"ORT gave {ort_out.dtype}{list(ort_out.shape)}, PyTorch {want.dtype}{list(want.shape)}",
+                f"ORT gave {_dtype_name(ort_out.dtype)}{list(ort_out.shape)}, expected "
+                f"{_dtype_name(want_dtype)}{list(want.shape)}",
             )  # fmt: skip
-        if want.size:  # the same inf, or NaN where PyTorch has NaN, is agreement (np.allclose's equal_nan below)
-            a, b = ort_out.astype(np.float64), want.astype(np.float64)
-            with np.errstate(invalid="ignore"):  # inf - inf
-                difference = np.where((a == b) | (np.isnan(a) & np.isnan(b)), 0.0, np.abs(a - b))
-            max_error = max(max_error, float(np.max(difference)))
-        if not np.allclose(ort_out, want, rtol=rtol, atol=atol, equal_nan=True):
-            return SubResult(operands, batch, False, max_error, f"max error {max_error:.3g} > rtol {rtol}/atol {atol}")
+        if not want.numel():
+            continue
+        a, b = ort_out.double(), want.double()
+        agree = (a == b) | (a.isnan() & b.isnan())
+        difference = torch.where(agree, 0.0, (a - b).abs().nan_to_num(nan=math.inf))
+        max_error = max(max_error, float(difference.max()))
+        allowed = rtol * b.abs()
+        if half:
+            finite = b[b.isfinite()].abs()
+            allowed += atol * (float(finite.max()) if finite.numel() else 0.0) + _SUBNORMAL_ROUNDING[cell.dtype]
+        else:
+            allowed += atol
+        if not bool((agree | (difference <= allowed)).all()):
+            bound = f"rtol {rtol:.3g}/atol {atol:.3g}" + (" of the largest |value|" if half else "")
+            reference = " from the float64 value" if half else ""
+            return SubResult(operands, batch, False, max_error, f"max error {max_error:.3g}{reference} > {bound}")
     return SubResult(operands, batch, True, max_error)
 
 
@@ -498,10 +589,46 @@ def run_cell(cell: Cell, shared: Shared | None = None) -> CellResult:
             subresults.append(subresult)
     errors = [s.max_error for s in subresults if s.max_error is not None]
     status = "pass" if all(s.passed for s in subresults) else "fail"
-    reason = (spec.known_gaps(cell) if spec.known_gaps else None) or _environment_gap(subresults)
+    reason = spec.known_gaps(cell) if spec.known_gaps else None
+    reason = reason or _dtype_gap(spec, cell, subresults) or _environment_gap(subresults)
     if status == "fail" and reason:
         status = "n/a"
     return CellResult(cell, status, max(errors) if errors else None, time.perf_counter() - start, subresults, reason)
+
+
+#: ONNX Runtime's words for a node it has no kernel for (at load, or when it assigns kernels).
+_NO_KERNEL = ("Could not find an implementation for", "Type Error: Type 'tensor(")
+
+
+def _dtype_gap(spec: specs.OpSpec, cell: Cell, subresults: Sequence[SubResult]) -> str:
+    """Why a half cell cannot pass whatever opbridge does, where its failures say so: bfloat16 below opset 13; the
+    TorchScript-based exporter running a torch or torchvision CPU kernel that takes no half input (it runs the model
+    to trace it); torch's own dynamo rule, which opbridge leaves in place, emitting half nodes that ONNX Runtime's CPU
+    provider has no kernel for."""
+    if cell.dtype == "bfloat16" and cell.opset < BFLOAT16_MIN_OPSET:
+        return f"ONNX has bfloat16 from opset {BFLOAT16_MIN_OPSET} (Cast-13): a bfloat16 model needs opset 13 or newer"
+    failed = [s for s in subresults if not s.passed]
+    if cell.dtype not in HALF or not failed:
+        return ""
+    if all(_NO_BFLOAT16_FEED in s.detail for s in failed):
+        return _NO_BFLOAT16_FEED
+    torch_name = "BFloat16" if cell.dtype == "bfloat16" else "Half"
+    if cell.exporter == "legacy" and all(f"not implemented for '{torch_name}'" in s.detail for s in failed):
+        return (
+            f"the TorchScript-based exporter runs the model to trace it, and torch's (or torchvision's) CPU kernel of "
+            f"{spec.torch_op} takes no {cell.dtype}; the dynamo exporter does not run it"
+        )
+    torch_rule = cell.exporter == "dynamo" and cell.lowering == "standard" and not spec.dynamo_overrides_torch
+    if (
+        torch_rule
+        and spec.namespace != specs.CUSTOM_DOMAIN
+        and all(any(words in s.detail for words in _NO_KERNEL) for s in failed)
+    ):
+        return (
+            f"torch's own dynamo rule for {spec.torch_op}, which opbridge leaves in place, emits {cell.dtype} nodes "
+            "that ONNX Runtime's CPU provider has no kernel for"
+        )
+    return ""
 
 
 # Failures that come from the runtime's or exporter's version, not from opbridge: recognised by their
