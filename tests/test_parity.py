@@ -3,6 +3,7 @@ as every cell on its own, with the dynamo exporter's decomposition done once per
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -146,11 +147,18 @@ def test_a_half_cell_wants_the_half_dtype_back_and_agrees_on_nan_and_infinity(dt
     result = parity._compare([want.float()], [want], spec, _half_cell(dtype), "same", "static")
     assert not result.passed and f"expected {dtype}[5]" in result.detail
     assert parity._compare([want.to(torch_dtype)], [want], spec, _half_cell(dtype), "same", "static").passed
-    flipped = torch.tensor([1.0, 0.0, float("inf"), float("inf"), 0.0]).to(torch_dtype)  # NaN lost, -inf flipped
-    assert not parity._compare([flipped], [want], spec, _half_cell(dtype), "same", "static").passed
-    indices = torch.tensor([3, 1, 2])  # integer outputs of a half cell: exact, in their own dtype
+    # An expected infinity or NaN is met by the same value only: each wrong value alone must fail.
+    for index, wrong in ((1, 0.0), (2, -float("inf")), (2, 65504.0), (2, float("nan")), (3, float("inf"))):
+        got = want.clone()
+        got[index] = wrong
+        result = parity._compare([got.to(torch_dtype)], [want], spec, _half_cell(dtype), "same", "static")
+        assert not result.passed, (index, wrong)
+    indices = torch.tensor([3, 1, 2, 4000])  # integer outputs of a half cell: exact, in their own dtype
     assert parity._compare([indices], [indices.clone()], spec, _half_cell(dtype), "same", "static").passed
-    assert not parity._compare([indices + 1], [indices], spec, _half_cell(dtype), "same", "static").passed
+    for index in range(4):
+        off = indices.clone()
+        off[index] += 1
+        assert not parity._compare([off], [indices], spec, _half_cell(dtype), "same", "static").passed
 
 
 def test_bfloat16_goes_in_and_out_of_onnx_runtime_bit_for_bit():
@@ -192,8 +200,20 @@ def test_half_cells_exist_for_every_op_and_mapping_with_floating_inputs():
 
 def test_a_bfloat16_cell_below_opset_13_is_not_applicable_with_its_reason():
     cell = parity.Cell("my_add", "torch.ops", "legacy", "standard", 9, "bfloat16")
-    failed = [parity.SubResult("same", "static", False, None, "anything")]
+    failed = [parity.SubResult("same", "static", False, None, "InvalidGraph: Type 'tensor(bfloat16)' is invalid")]
     assert "opset 13" in parity._dtype_gap(specs.get("my_add"), cell, failed)
+    # A wrong value or dtype is a failure there too (the custom node runs bfloat16 at any opset).
+    wrong_value = [*failed, parity.SubResult("same", "dynamic", False, 0.5, "max error 0.5 from the float64 value")]
+    assert parity._dtype_gap(specs.get("my_add"), cell, wrong_value) == ""
+    wrong_dtype = [parity.SubResult("same", "static", False, None, "ORT gave float32[2, 3], expected bfloat16[2, 3]")]
+    assert parity._dtype_gap(specs.get("my_add"), cell, wrong_dtype) == ""
+    # A torch or torchvision kernel without a half kernel, traced by the TorchScript-based exporter: a gap of the
+    # mapped op, never of opbridge's own ops (which take every half dtype).
+    traced = [parity.SubResult("same", "static", False, None, "RuntimeError: \"x\" not implemented for 'BFloat16'")]
+    at13 = dataclasses.replace(cell, opset=13)
+    assert parity._dtype_gap(specs.get("my_add"), at13, traced) == ""
+    sinh13 = parity.Cell("sinh", "torch", "legacy", "standard", 13, "bfloat16")
+    assert "runs the model to trace it" in parity._dtype_gap(specs.get("sinh"), sinh13, traced)
     # torch's own dynamo rule lacking ORT kernels is n/a only where torch's rule runs (not opbridge's own ops).
     no_kernel = [parity.SubResult("same", "static", False, None, "Could not find an implementation for Sinh(9)")]
     sinh = parity.Cell("sinh", "torch", "dynamo", "standard", 18, "bfloat16")

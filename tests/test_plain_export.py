@@ -244,12 +244,16 @@ def test_a_users_symbolic_unregistered_after_an_export_leaves_opbridges_rule():
     assert "GridSample" not in op_types(11) and "GridSample" not in op_types(16)
 
 
-@pytest.mark.parametrize("opset", [16, 17])
-def test_nearest_reflection_grid_sample_breaks_ties_as_torch_does(opset):
+_TIE_CASES = [("legacy", o) for o in sorted({16, 17, 20, parity.matrix_opsets("legacy")[-1]})]
+_TIE_CASES += [("dynamo", o) for o in sorted({18, 20, parity.matrix_opsets("dynamo")[-1]})]
+
+
+@pytest.mark.parametrize(("exporter", "opset"), _TIE_CASES)
+def test_nearest_reflection_grid_sample_breaks_ties_as_torch_does(exporter, opset):
     """A coordinate exactly halfway between pixels, reflected: torch reflects, then rounds half to even (-1.5 -> 0.5
-    -> pixel 0); ONNX Runtime's GridSample (1.32) rounds first (-1.5 -> -2 -> pixel 1). opbridge's rule for the
-    TorchScript-based exporter samples nearest-with-reflection with its Gathers instead of torch's GridSample rule;
-    half grids hit such ties often (the parity matrix's float16 cells found it)."""
+    -> pixel 0); ONNX Runtime's GridSample (1.32) rounds first (-1.5 -> -2 -> pixel 1). opbridge's rules for both
+    exporters sample nearest-with-reflection with their Gathers instead of torch's GridSample rules; half grids hit
+    such ties often (the parity matrix's float16 cells found it)."""
 
     class Sample(torch.nn.Module):
         def forward(self, x, grid):
@@ -259,10 +263,36 @@ def test_nearest_reflection_grid_sample_breaks_ties_as_torch_does(opset):
     pixels = torch.tensor([-1.5, -0.5, 0.5, 1.5, 2.5, 3.5, 4.5, 5.5], dtype=torch.float64)  # ties, unnormalized
     gx = (2 * pixels + 1) / 4 - 1  # exact in float32; the row: the middle one (y = 1.0)
     grid = torch.stack([gx, torch.zeros_like(gx)], -1).reshape(1, 1, -1, 2).float()
-    buffer = io.BytesIO()
-    torch.onnx.export(Sample(), (x, grid), buffer, dynamo=False, opset_version=opset)
-    model = onnx.load_from_string(buffer.getvalue())
+    if exporter == "dynamo":
+        model = torch.onnx.export(
+            Sample().eval(), (x, grid), dynamo=True, opset_version=opset, verbose=False
+        ).model_proto
+    else:
+        buffer = io.BytesIO()
+        torch.onnx.export(Sample().eval(), (x, grid), buffer, dynamo=False, opset_version=opset)
+        model = onnx.load_from_string(buffer.getvalue())
     assert "GridSample" not in {n.op_type for n in model.graph.node}
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     (got,) = session.run(None, {"x": x.numpy(), "grid": grid.numpy()})
     np.testing.assert_array_equal(got, Sample()(x, grid).numpy())
+
+
+@pytest.mark.parametrize("opset", sorted({18, 20, parity.matrix_opsets("dynamo")[-1]}))
+@pytest.mark.parametrize("rank", [4, 5])
+def test_dynamo_grid_sample_stays_one_grid_sample_node_as_torchs_rule(opset, rank):
+    """opbridge's dynamo rule for grid_sample replaces torch's for two cases only (nearest with reflection; float64
+    below opset 20): a float32 bilinear grid_sample of either rank stays one GridSample node, as torch writes it."""
+
+    class Sample(torch.nn.Module):
+        def forward(self, x, grid):
+            return torch.nn.functional.grid_sample(x, grid, "bilinear", "border", align_corners=True)
+
+    x = torch.randn((1, 2, 3, 4, 5)[:rank] if rank == 5 else (1, 2, 4, 5))
+    grid = torch.rand((1, 2, 3, 4, 3) if rank == 5 else (1, 3, 4, 2)) * 2.4 - 1.2
+    model = torch.onnx.export(Sample().eval(), (x, grid), dynamo=True, opset_version=opset, verbose=False).model_proto
+    assert [n.op_type for n in model.graph.node] == ["GridSample"]
+    if rank == 5 and opset < 20:
+        return  # GridSample is 4-D in ONNX before opset 20 (torch writes it all the same; ONNX Runtime runs it)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"x": x.numpy(), "grid": grid.numpy()})
+    np.testing.assert_allclose(got, Sample()(x, grid).numpy(), rtol=1e-5, atol=1e-6)

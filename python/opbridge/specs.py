@@ -180,11 +180,11 @@ def half_storage(
     build: Callable[..., Any], *, native: Sequence[torch.dtype] = (), floating_output: bool | Sequence[bool] = True
 ):
     """``build`` for half storage (docs/api.md, "Precision and autocast"): where the op's first argument is float16
-        or bfloat16, its half arguments are cast to float32, ``build`` builds in float32 and the output is cast back,
-        which is the op's own arithmetic (float32, one rounding) on any runtime: ORT has no float16 GridSample or
-        DeformConv kernel, and a decomposition in half arithmetic would round at every node. ``native``: the half dtypes
-        ``build``'s nodes take as they are where every floating argument has that dtype (a custom node with a float16
-        kernel); ``floating_output`` False: the output is not floating (indices) and stays as built; a sequence: per
+    or bfloat16, its half arguments are cast to float32, ``build`` builds in float32 and the output is cast back,
+    which is the op's own arithmetic (float32, one rounding) on any runtime: ORT has no float16 GridSample or
+    DeformConv kernel, and a decomposition in half arithmetic would round at every node. ``native``: the half dtypes
+    ``build``'s nodes take as they are where every floating argument has that dtype (a custom node with a float16
+    kernel); ``floating_output`` False: the output is not floating (indices) and stays as built; a sequence: per
     output of a build that returns several (cummax's values and indices)."""
 
     @functools.wraps(build)
@@ -203,7 +203,8 @@ def half_storage(
         if isinstance(out, (tuple, list)):
             floating = [floating_output] * len(out) if isinstance(floating_output, bool) else floating_output
             return tuple(b.cast(o, main) if f else o for o, f in zip(out, floating, strict=True))
-        return b.cast(out, main) if floating_output else out
+        single = floating_output if isinstance(floating_output, bool) else floating_output[0]
+        return b.cast(out, main) if single else out
 
     return lowered
 

@@ -3,10 +3,15 @@
 The TorchScript-based exporter has a rule from opset 16 only (ONNX GridSample), yet mmdeploy's default pipeline
 exports at opset 11 and Qualcomm's toolchain stops at 12; and GridSample is 4-D only before opset 20, so 5-D
 (volumetric) inputs fail at 16-19. This rule serves 4-D at opsets 11-15 (torch's own GridSample-16 from 16,
-except float64, which ONNX Runtime has no GridSample-16 kernel of, and nearest with reflection, whose ties ONNX
-Runtime's GridSample breaks otherwise than torch) and 5-D at 11-19 (torch's GridSample-20 from
+except float64, which ONNX Runtime has no GridSample-16 kernel of) and 5-D at 11-19 (torch's GridSample-20 from
 20): bilinear (trilinear in 5-D) and nearest, padding zeros, border and reflection, both ``align_corners``;
-batch and sizes dynamic.
+batch and sizes dynamic. Nearest with reflection it serves at every opset: ONNX Runtime's GridSample (1.32) rounds a
+coordinate exactly halfway between pixels before it reflects it, where torch reflects first (-1.5 samples pixel 1,
+torch pixel 0), and half-precision grids hit such ties often.
+
+For the dynamo exporter, whose own rule is one GridSample of any rank at any opset, this rule is that GridSample
+too, except for nearest with reflection and for float64 below opset 20 (ONNX Runtime has no GridSample-16 kernel of
+it), which it samples with the Gathers.
 
 The input goes channels-last and zero-padded (1 before, 2 after on every spatial axis) so that a Gather index
 fetches a pixel's channels; coordinates are unnormalized, reflected or clipped as the padding mode says
@@ -53,17 +58,27 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
         if known != target:
             grid = b.op("Cast", grid, to=ONNX_TYPES[target])
     ties_wrong = mode == "nearest" and padding == "reflection"
-    if b.opset >= 16 and len(shape) == 4 and b.dtype(input) != torch.float64 and not ties_wrong:
-        # torch's own rule (ONNX GridSample-16) serves 4-D from opset 16; not float64 below 20, which ONNX Runtime
-        # has no GridSample-16 kernel of (this rule's Gathers run in float64); not nearest with reflection, where
-        # ONNX Runtime's GridSample (1.32) rounds a coordinate halfway between pixels before it reflects it (torch
-        # reflects, then rounds half to even): -1.5 samples pixel 1 where torch samples 0, and half grids hit such
-        # ties often.
+    float64 = target == torch.float64
+    if b.exporter == "dynamo":
+        # torch's dynamo rule is one GridSample, any rank: so is this one, except where the Gathers give the right
+        # result and GridSample does not (nearest with reflection; float64 below opset 20, which ONNX Runtime has
+        # no GridSample-16 kernel of). Bicubic, and modes the Gathers do not serve, stay GridSample.
+        gathers = mode in ("bilinear", "nearest") and padding is not None and (ties_wrong or (float64 and b.opset < 20))
+        if not gathers:
+            names = {"bilinear": "linear", "bicubic": "cubic"} if b.opset >= 20 else {}
+            return b.op("GridSample", input, grid, align_corners=int(align), mode=names.get(mode, mode),
+                        padding_mode=padding)  # fmt: skip
+    elif not ties_wrong and ((b.opset >= 16 and len(shape) == 4 and not float64) or b.opset >= 20):
+        # TorchScript-based exporter: torch's own rule (ONNX GridSample) serves 4-D from opset 16 and 5-D from 20;
+        # not float64 below 20, which ONNX Runtime has no GridSample-16 kernel of (this rule's Gathers run in
+        # float64); never nearest with reflection, where ONNX Runtime's GridSample (1.32) rounds a coordinate
+        # halfway between pixels before it reflects it (torch reflects, then rounds half to even): -1.5 samples
+        # pixel 1 where torch samples 0, and half grids hit such ties often.
         from ..onnx import _torch_hooks
 
         builtin = _torch_hooks.legacy_builtin_symbolic("aten::grid_sampler", b.opset)
         if builtin is None:
-            raise LoweringError(f"grid_sample export: torch has no rule for 4-D inputs at opset {b.opset}")
+            raise LoweringError(f"grid_sample export: torch has no rule at opset {b.opset}")
         return builtin(b.g, input, grid, interpolation_mode, padding_mode, align_corners)
     if mode not in ("bilinear", "nearest") or padding is None:
         raise LoweringError(f"grid_sample export at opset {b.opset}: mode={mode!r} is not supported here; "
@@ -237,18 +252,6 @@ def _reference(x, grid, path: str = "bilinear_zeros"):
 def _known_gaps(cell) -> str | None:
     if cell.opset < 11:
         return "the Gather rule needs opset >= 11 (Round, Range)"
-    if cell.exporter == "dynamo" and cell.opset < 20 and cell.dtype == "float64":
-        return "torch's dynamo rule writes GridSample-16, which ONNX Runtime has no float64 kernel of (opset < 20)"
-    if (
-        cell.exporter == "dynamo"
-        and cell.path.startswith("nearest_reflection")
-        and cell.dtype in ("float16", "bfloat16")
-    ):
-        return (
-            "torch's dynamo rule writes GridSample, and ONNX Runtime's (1.32) rounds a coordinate halfway between "
-            "pixels before reflecting it where torch reflects first (-1.5 samples pixel 1, torch pixel 0); half grids "
-            "hit such ties (the TorchScript-based exporter's rule samples with Gathers there)"
-        )
     return None
 
 
@@ -256,7 +259,9 @@ specs.register(
     specs.OpSpec(
         name="grid_sampler",
         torch_op="aten::grid_sampler",
-        doc="aten::grid_sampler (grid_sample) -> Gather bilinear/nearest: 4-D at opsets 11-15, 5-D at 11-19",
+        doc="aten::grid_sampler (grid_sample) -> Gather bilinear/nearest: 4-D at opsets 11-15, 5-D at 11-19, "
+        "nearest with reflection at every opset (ONNX Runtime's GridSample breaks its ties otherwise than torch), "
+        "float64 below 20; GridSample elsewhere, as torch's rules",
         lowerings=[
             specs.Lowering(
                 "standard",
@@ -264,8 +269,8 @@ specs.register(
                 # rounds at every node (10x the error), and ONNX Runtime's GridSample has no float16 CUDA kernel
                 specs.half_storage(_grid_sampler),
                 min_opset=11,
-                max_opset=19,
-                note="Gather; 4-D: torch's GridSample-16 from 16 (float64: Gather)",
+                note="Gather; GridSample for 4-D from 16 (float64: from 20) and 5-D from 20 (dynamo: 18), except "
+                "nearest with reflection",
             )
         ],
         dtypes=(torch.float32, torch.float64, torch.float16, torch.bfloat16),
@@ -275,5 +280,8 @@ specs.register(
         input_names=("x", "grid"),
         reference=_reference,
         known_gaps=_known_gaps,
+        # torch's dynamo rule (GridSample) samples nearest-with-reflection ties wrong in ONNX Runtime, and float64
+        # below opset 20 does not run there
+        dynamo_overrides_torch=True,
     )
 )
