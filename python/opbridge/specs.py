@@ -181,8 +181,9 @@ def half_storage(
 ):
     """``build`` for half storage (docs/api.md, "Precision and autocast"): where the op's first argument is float16
     or bfloat16, its half arguments are cast to float32, ``build`` builds in float32 and the output is cast back,
-    which is the op's own arithmetic (float32, one rounding) on any runtime: ORT has no float16 GridSample or
-    DeformConv kernel, and a decomposition in half arithmetic would round at every node. ``native``: the half dtypes
+    which is the op's own arithmetic (float32, one rounding) on any runtime: ORT has no bfloat16 GridSample, no
+    float16 DeformConv and no float16 GridSample on CUDA, and a decomposition in half arithmetic would round at every
+    node. ``native``: the half dtypes
     ``build``'s nodes take as they are where every floating argument has that dtype (a custom node with a float16
     kernel); ``floating_output`` False: the output is not floating (indices) and stays as built; a sequence: per
     output of a build that returns several (cummax's values and indices)."""

@@ -11,7 +11,8 @@ torch pixel 0), and half-precision grids hit such ties often.
 
 For the dynamo exporter, whose own rule is one GridSample of any rank at any opset, this rule is that GridSample
 too, except for nearest with reflection and for float64 below opset 20 (ONNX Runtime has no GridSample-16 kernel of
-it), which it samples with the Gathers.
+it), which it samples with the Gathers, from opset 18 (the exporter builds at 18 and converts down; the Gathers'
+Pad-18 does not convert, so an export asked at 16 or 17 keeps torch's GridSample).
 
 The input goes channels-last and zero-padded (1 before, 2 after on every spatial axis) so that a Gather index
 fetches a pixel's channels; coordinates are unnormalized, reflected or clipped as the padding mode says
@@ -63,7 +64,9 @@ def _grid_sampler(b, input, grid, interpolation_mode, padding_mode, align_corner
         # torch's dynamo rule is one GridSample, any rank: so is this one, except where the Gathers give the right
         # result and GridSample does not (nearest with reflection; float64 below opset 20, which ONNX Runtime has
         # no GridSample-16 kernel of). Bicubic, and modes the Gathers do not serve, stay GridSample.
-        gathers = mode in ("bilinear", "nearest") and padding is not None and (ties_wrong or (float64 and b.opset < 20))
+        # Not for an export asked below opset 18: the Gathers' Pad-18 could not be converted down to it.
+        gathers = mode in ("bilinear", "nearest") and padding is not None and b.target_opset >= 18
+        gathers = gathers and (ties_wrong or (float64 and b.opset < 20))
         if not gathers:
             names = {"bilinear": "linear", "bicubic": "cubic"} if b.opset >= 20 else {}
             return b.op("GridSample", input, grid, align_corners=int(align), mode=names.get(mode, mode),

@@ -67,7 +67,7 @@ def translation_table(lowering: str | None = None, opset_version: int = MIN_OPSE
             continue
         if spec.namespace in TORCH_TRANSLATES and lowering.kind == "standard" and not spec.dynamo_overrides_torch:
             continue  # torch's dynamo exporter has its own standard rule for the op (the mapping serves the legacy one)
-        table[overload] = dynamo_translation(lowering.build, opset)
+        table[overload] = dynamo_translation(lowering.build, opset, opset_version)
         # Other overloads the same lowering reads, where an older torch hands them to the translator undecomposed.
         for name in spec.extra.get("dynamo_overloads", ()):
             other = getattr(overload.overloadpacket, name, None)

@@ -286,13 +286,16 @@ class DynamoBuilder(_Shared):
 
     exporter = "dynamo"
 
-    def __init__(self, opset: int) -> None:
+    def __init__(self, opset: int, target_opset: int | None = None) -> None:
         import onnxscript
 
         from ._schemas import register_schemas
 
         register_schemas()  # onnxscript needs the schema of a custom node to emit it
         self.opset = opset
+        #: the opset the export asked for, which may be below the one it builds at (18): the graph is converted down
+        #: to it, and an op newer than it (Pad-18) keeps the model at 18.
+        self.target_opset = opset if target_opset is None else target_opset
         self._onnxscript = onnxscript
         # The exporter builds its graph at opset 18 and converts it to the target
         # opset; ops newer than 18 are recorded at the version that introduced them.
@@ -401,11 +404,11 @@ def _broadcast(a: list | None, b: list | None) -> list | None:
     return out
 
 
-def dynamo_translation(fn: Callable, opset: int) -> Callable:
-    """A custom_translation_table entry from a builder lowering."""
+def dynamo_translation(fn: Callable, opset: int, target_opset: int | None = None) -> Callable:
+    """A custom_translation_table entry from a builder lowering (``target_opset``: see DynamoBuilder)."""
 
     def translation(*args, **kwargs):
-        return fn(DynamoBuilder(opset), *args, **kwargs)
+        return fn(DynamoBuilder(opset, target_opset), *args, **kwargs)
 
     # The exporter matches a translation to a node by its parameters (torch <= 2.9 passes over one taking *args
     # for torchlib's own rule of an aten op): show build's, without the builder.
