@@ -26,9 +26,13 @@ def test_fast_models_no_worse_with_opbridge(model):
 def test_case_ids_round_trip():
     identifier = models.case_id("torchvision.resnet18", True, "legacy", 17)
     assert identifier == "with:torchvision.resnet18:legacy17"
-    assert models.parse_id(identifier) == ("torchvision.resnet18", True, "legacy", 17)
-    with pytest.raises(ValueError, match="not a case id"):
-        models.parse_id("resnet18")
+    assert models.parse_id(identifier) == ("torchvision.resnet18", True, "legacy", 17, "float32")
+    half = models.case_id("transformers.Mask2FormerModel", False, "dynamo", 18, "float16")
+    assert half == "without:transformers.Mask2FormerModel:dynamo18:float16"
+    assert models.parse_id(half) == ("transformers.Mask2FormerModel", False, "dynamo", 18, "float16")
+    for wrong in ("resnet18", "with:torchvision.resnet18:legacy17:float8", "maybe:torchvision.resnet18:legacy17"):
+        with pytest.raises(ValueError, match="not a case id"):
+            models.parse_id(wrong)
 
 
 def test_regressions_are_found():

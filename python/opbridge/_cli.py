@@ -129,6 +129,11 @@ def models_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timing", action="store_true", help="with --case: also time eager and ORT")
     parser.add_argument("--json-line", action="store_true", help="with --case: print the result as one JSON line")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per case (default 300)")
+    parser.add_argument(
+        "--dtype", choices=("float32", "float16"), default="float32",
+        help="cast each model and its inputs to this dtype before the export (float16: model.half()); "
+        "the report: docs/models-float16.md",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write every case here (reports/models.json)")
     parser.add_argument("--markdown", type=Path, help="write the report here (docs/models.md)")
     parser.add_argument(

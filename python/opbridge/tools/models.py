@@ -38,6 +38,10 @@ OUTCOMES = (
 #: (11) and at torch's default for it (17), the dynamo exporter at its lowest (18) and its default (20).
 EXPORTS = (("legacy", 11), ("legacy", 17), ("dynamo", 18), ("dynamo", 20))
 RTOL, ATOL = 1e-3, 1e-4
+#: The model dtypes a sweep can run in (``--dtype``), and their tolerances against torch's own forward in that dtype:
+#: a float16 model's ONNX Runtime output is another float16 computation of the same graph, whose roundings differ.
+DTYPES = ("float32", "float16")
+TOLERANCES = {"float32": (RTOL, ATOL), "float16": (2e-2, 2e-2)}
 #: The batch of the exported example and of the size check, and the other batch of the batch check. torch.export
 #: specializes a dimension of size 1 (its 0/1 rule), so the example's batch is 2.
 BATCH, OTHER_BATCH = 2, 3
@@ -796,19 +800,38 @@ class Result:
     load_ms: float | None = None
     #: "dynamic" (right at another batch), "fixed" (not) or "" (not checked: no batch dimension, or not reached)
     batch: str = ""
+    #: the dtype the model and its inputs were cast to before the export (``--dtype``)
+    dtype: str = "float32"
 
 
-def case_id(model: str, with_opbridge: bool, exporter: str, opset: int) -> str:
-    return f"{'with' if with_opbridge else 'without'}:{model}:{exporter}{opset}"
+def case_id(model: str, with_opbridge: bool, exporter: str, opset: int, dtype: str = "float32") -> str:
+    """``with:torchvision.resnet18:legacy17``; a model cast to another dtype first ends in it (``...:float16``)."""
+    suffix = "" if dtype == "float32" else f":{dtype}"
+    return f"{'with' if with_opbridge else 'without'}:{model}:{exporter}{opset}{suffix}"
 
 
-def parse_id(text: str) -> tuple[str, bool, str, int]:
+def parse_id(text: str) -> tuple[str, bool, str, int, str]:
     try:
-        mode, model, export = text.split(":")
+        mode, model, export, *dtype = text.split(":")
         exporter = export.rstrip("0123456789")
-        return model, mode == "with", exporter, int(export[len(exporter) :])
+        if mode not in ("with", "without") or len(dtype) > 1 or (dtype and dtype[0] not in DTYPES):
+            raise ValueError
+        return model, mode == "with", exporter, int(export[len(exporter) :]), (dtype or ["float32"])[0]
     except ValueError:
-        raise ValueError(f"not a case id: {text!r} (expected e.g. with:torchvision.resnet18:legacy17)") from None
+        raise ValueError(
+            f"not a case id: {text!r} (expected e.g. with:torchvision.resnet18:legacy17, or ...:legacy17:float16)"
+        ) from None
+
+
+def _cast(value, dtype):
+    """Floating tensors in ``value`` (a tensor, or tuples and lists of them) cast to ``dtype``."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(v, dtype) for v in value)
+    return value
 
 
 def _flatten(output) -> list:
@@ -835,8 +858,11 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"[:300]
 
 
-def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, timing: bool = False) -> Result:
-    """Exports one model once and compares ORT with eager at the exported and the other image size."""
+def run_case(
+    model_name: str, with_opbridge: bool, exporter: str, opset: int, dtype: str = "float32", timing: bool = False
+) -> Result:
+    """Exports one model once and compares ORT with eager at the exported and the other image size; ``dtype``
+    other than float32: the model and its inputs cast to it first (``model.half()``), eager in that dtype too."""
     import io
     import warnings
 
@@ -847,12 +873,18 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
         import opbridge
     case = CASES[model_name]
     result = Result(
-        case_id(model_name, with_opbridge, exporter, opset), model_name, with_opbridge, exporter, opset, "ok"
-    )
+        case_id(model_name, with_opbridge, exporter, opset, dtype), model_name, with_opbridge, exporter, opset, "ok",
+        dtype=dtype,
+    )  # fmt: skip
+    rtol, atol = TOLERANCES[dtype]
     start = time.perf_counter()
     try:
         module, inputs, other_inputs, batch_inputs = case.build()
         module.eval()  # the whole module: an exporter restores the mode it finds, a wrapper's included
+        if dtype != "float32":
+            module.to(getattr(torch, dtype))
+            inputs, other_inputs, batch_inputs = (_cast(i, getattr(torch, dtype)) for i in (inputs, other_inputs,
+                                                                                            batch_inputs))  # fmt: skip
         if with_opbridge:
             opbridge.patch_model(module)
         with torch.no_grad():
@@ -931,7 +963,7 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
         return dataclasses.replace(
             result, outcome="ORT refuses", cause=_one_line(error), seconds=time.perf_counter() - start
         )
-    mismatch, worst = _compare(got, expected[0])
+    mismatch, worst = _compare(got, expected[0], rtol, atol)
     if mismatch:
         return dataclasses.replace(
             result, outcome="wrong result", max_error=worst, cause=mismatch, seconds=time.perf_counter() - start
@@ -940,7 +972,7 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
     def check(other, want) -> str | None:
         nonlocal worst
         try:
-            mismatch, error_other = _compare(run(other), want)
+            mismatch, error_other = _compare(run(other), want, rtol, atol)
         except Exception as error:
             return f"ORT refuses it: {_one_line(error)}"
         worst = max(worst, error_other)
@@ -969,7 +1001,7 @@ def run_case(model_name: str, with_opbridge: bool, exporter: str, opset: int, ti
     return result
 
 
-def _compare(got: list, want: list) -> tuple[str | None, float]:
+def _compare(got: list, want: list, rtol: float = RTOL, atol: float = ATOL) -> tuple[str | None, float]:
     """(why ORT's outputs differ from eager's, or None; the largest absolute difference)."""
     import numpy as np
 
@@ -982,10 +1014,12 @@ def _compare(got: list, want: list) -> tuple[str | None, float]:
             return f"output shape {list(g.shape)}, eager {list(w.shape)}", worst
         if w.size:
             worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))))
-        close = np.isclose(g, w, rtol=RTOL, atol=ATOL)
+        if w.dtype in (np.float16,) and g.dtype != w.dtype:  # a half model's outputs must come back half
+            return f"output dtype {g.dtype}, eager {w.dtype}", worst
+        close = np.isclose(g, w, rtol=rtol, atol=atol)
         if not close.all():
             share = 1.0 - float(close.mean())
-            return f"max error {worst:.3g} > rtol {RTOL} / atol {ATOL} ({share:.2g} of the elements)", worst
+            return f"max error {worst:.3g} > rtol {rtol} / atol {atol} ({share:.2g} of the elements)", worst
     return None, worst
 
 
@@ -1152,7 +1186,7 @@ def speed_markdown(rows: list[tuple[str, float, float]], image: int, threads: in
 
 
 def run_isolated(identifier: str, timeout: float, timing: bool) -> Result:
-    model, with_opbridge, exporter, opset = parse_id(identifier)
+    model, with_opbridge, exporter, opset, dtype = parse_id(identifier)
     command = [sys.executable, "-m", "opbridge", "models", "--case", identifier, "--json-line"]
     if timing:
         command.append("--timing")
@@ -1162,13 +1196,17 @@ def run_isolated(identifier: str, timeout: float, timing: bool) -> Result:
         )
     except subprocess.TimeoutExpired:
         return Result(
-            identifier, model, with_opbridge, exporter, opset, "timeout", f"over {timeout:.0f} s", None, timeout
-        )
+            identifier, model, with_opbridge, exporter, opset, "timeout", f"over {timeout:.0f} s", None, timeout,
+            dtype=dtype,
+        )  # fmt: skip
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("{"):
             return Result(**json.loads(line))
     tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return Result(identifier, model, with_opbridge, exporter, opset, "eager fails", f"the case crashed: {tail[:250]}")
+    return Result(
+        identifier, model, with_opbridge, exporter, opset, "eager fails", f"the case crashed: {tail[:250]}",
+        dtype=dtype,
+    )  # fmt: skip
 
 
 def select(models: Sequence[str] | None, fast: bool) -> list[ModelCase]:
@@ -1180,13 +1218,16 @@ def select(models: Sequence[str] | None, fast: bool) -> list[ModelCase]:
     return chosen
 
 
-def sweep(cases: Sequence[ModelCase], exports=EXPORTS, timeout: float = 300, stream=sys.stdout) -> list[Result]:
+def sweep(
+    cases: Sequence[ModelCase], exports=EXPORTS, timeout: float = 300, stream=sys.stdout, dtype: str = "float32"
+) -> list[Result]:
     results = []
     for case in cases:
         for exporter, opset in exports:
             for with_opbridge in (False, True):
-                identifier = case_id(case.name, with_opbridge, exporter, opset)
-                result = run_isolated(identifier, timeout, timing=case.served and (exporter, opset) == exports[1])
+                identifier = case_id(case.name, with_opbridge, exporter, opset, dtype)
+                timing = case.served and (exporter, opset) == exports[1] and dtype == "float32"
+                result = run_isolated(identifier, timeout, timing=timing)
                 results.append(result)
                 print(
                     f"{result.outcome:12} {result.seconds:6.1f} s  {identifier}  {result.cause}",
@@ -1208,8 +1249,22 @@ def regressions(results: Sequence[Result]) -> list[str]:
 
 
 def markdown(results: Sequence[Result], environment: dict[str, str], seconds: float) -> str:
+    dtypes = sorted({r.dtype for r in results} - {"float32"})
+    title = "# Real models through both exporters into ONNX Runtime, without and with opbridge"
+    half = []
+    if dtypes:
+        rtol, atol = TOLERANCES[dtypes[0]]
+        title += f", in {', '.join(dtypes)}"
+        half = [
+            f"Each model and its inputs are cast to {', '.join(dtypes)} before the export (`model.half()`), and",
+            f"ONNX Runtime's output is compared with torch's own forward in that dtype at rtol {rtol} / atol {atol}",
+            "(two half-precision computations of the same graph round differently; a random-weight detector that",
+            "ranks its queries by score may pick others in each, which makes a wrong result without and with",
+            "opbridge alike). A half model's outputs must come back in the half dtype.",
+            "",
+        ]
     lines = [
-        "# Real models through both exporters into ONNX Runtime, without and with opbridge",
+        title,
         "",
         "Generated by `python -m opbridge models` (`nox -s models`): models from torchvision, transformers,",
         "Ultralytics and rfdetr with random weights and small configs, exported at batch 2 with a dynamic image size",
@@ -1229,6 +1284,7 @@ def markdown(results: Sequence[Result], environment: dict[str, str], seconds: fl
         "1e-5 in a box can move a few of their elements past the tolerance: a wrong result that is the same without",
         "and with opbridge and touches a small share of the elements (given in the cause) is of this kind.",
         "",
+        *half,
         f"Environment: {', '.join(f'{k} {v}' for k, v in environment.items())}; sweep time {seconds / 60:.1f} min.",
         "",
     ]
@@ -1347,7 +1403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     exports = [e for e in EXPORTS if not args.exporters or e[0] in args.exporters]
     start = time.perf_counter()
-    results = sweep(cases, exports, args.timeout)
+    results = sweep(cases, exports, args.timeout, dtype=args.dtype)
     seconds = time.perf_counter() - start
     from .parity import environment
 
