@@ -143,7 +143,7 @@ REFERENCE_CASES = [
     for dtype in spec.dtypes
     # A mapping's half cells test its export rule (parity, against the float64 value); eagerly they would run torch's
     # own half kernels (which may round at every step, or not exist), not opbridge's.
-    if spec.namespace == "opbridge" or dtype not in (torch.float16, torch.bfloat16)
+    if spec.namespace == "opbridge" or dtype not in specs.HALF_DTYPES
     for operands in spec.operand_kinds
 ]
 
@@ -161,7 +161,7 @@ def test_every_op_matches_its_reference(spec, path, dtype, operands):
     # ... and one that takes `operands` is given the operand kind (e.g. einsum's equation).
     parameters = inspect.signature(spec.reference).parameters
     extra = {k: v for k, v in (("path", path), ("operands", operands)) if k in parameters}
-    if dtype in (torch.float16, torch.bfloat16):
+    if dtype in specs.HALF_DTYPES:
         _assert_close_to_float64_reference(spec, inputs, extra, got, dtype)
         return
     expected = spec.reference(*inputs, **extra)

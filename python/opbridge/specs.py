@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from . import _checks
+
 #: Lowering kinds: only standard ONNX ops / one node of opbridge's ORT library /
 #: one call of an ONNX function (written in onnxscript) embedded in the model.
 LOWERING_KINDS = ("standard", "custom", "function")
@@ -164,7 +166,8 @@ def torch_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-_HALF = (torch.float16, torch.bfloat16)
+#: The half storage types: float32 arithmetic inside, one rounding (docs/api.md, "Precision and autocast").
+HALF_DTYPES = _checks.HALF
 
 
 def _known_dtype(b, value) -> torch.dtype | None:
@@ -191,15 +194,15 @@ def half_storage(
     @functools.wraps(build)
     def lowered(b, *args, **kwargs):
         main = _known_dtype(b, args[0]) if args else None
-        if main not in _HALF:
+        if main not in HALF_DTYPES:
             return build(b, *args, **kwargs)
         dtypes = [_known_dtype(b, a) for a in args]
         keyword_dtypes = {k: _known_dtype(b, v) for k, v in kwargs.items()}
         floating = [d for d in (*dtypes, *keyword_dtypes.values()) if d is not None and d.is_floating_point]
         if main in native and all(d == main for d in floating):
             return build(b, *args, **kwargs)
-        args = [b.cast(a, torch.float32) if d in _HALF else a for a, d in zip(args, dtypes, strict=True)]
-        kwargs = {k: b.cast(v, torch.float32) if keyword_dtypes[k] in _HALF else v for k, v in kwargs.items()}
+        args = [b.cast(a, torch.float32) if d in HALF_DTYPES else a for a, d in zip(args, dtypes, strict=True)]
+        kwargs = {k: b.cast(v, torch.float32) if keyword_dtypes[k] in HALF_DTYPES else v for k, v in kwargs.items()}
         out = build(b, *args, **kwargs)
         if isinstance(out, (tuple, list)):
             floating = [floating_output] * len(out) if isinstance(floating_output, bool) else floating_output

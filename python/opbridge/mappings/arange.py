@@ -30,7 +30,6 @@ from ..onnx.builder import C10_DTYPES, ONNX_TYPES
 # arange(end, dtype, layout, device, pin_memory), arange(start, end, dtype, ...),
 # arange(start, end, step, dtype, ...)
 _DTYPE_AT = {5: 1, 6: 2, 7: 3}
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def _number(value) -> float | int | None:
@@ -57,7 +56,7 @@ def _arange(b, *args):
     if at is not None and not b.is_none(args[at]):
         code = b.value(args[at], "i")
         asked = C10_DTYPES.get(code) if isinstance(code, int) else None
-    if asked not in (*_HALF, torch.float64):
+    if asked not in (*specs.HALF_DTYPES, torch.float64):
         return builtin(b.g, *args)
     # torch sizes a range in float64 and computes its values in float64 (float32 for half types on the GPU) before
     # one rounding; torch's rule casts a traced end to the asked type (ONNX Range has no half types).
@@ -97,7 +96,7 @@ class _Arange(torch.nn.Module):
             points = torch.arange(0.5, n, 0.3, dtype=x.dtype)
         # x's values reach the output (else the exporter drops the input); in float32 for half types: ORT's CPU
         # has no bfloat16 ReduceSum or Add. Exact: the range's rounding is the only one.
-        wide = torch.float32 if x.dtype in _HALF else x.dtype
+        wide = torch.float32 if x.dtype in specs.HALF_DTYPES else x.dtype
         return (x.to(wide).sum() * 0 + points.to(wide)).to(x.dtype)
 
 

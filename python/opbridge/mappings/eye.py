@@ -41,7 +41,7 @@ class _Eye(torch.nn.Module):
             identity = torch.eye(x.shape[-1], dtype=torch.bool)
         else:
             identity = torch.eye(x.shape[-2], x.shape[-1], dtype=x.dtype)
-        if x.dtype in (torch.float16, torch.bfloat16):  # the rest in float32: ORT's CPU has no bfloat16 Where, Add
+        if x.dtype in specs.HALF_DTYPES:  # the rest in float32: ORT's CPU has no bfloat16 Where, Add
             wide = x.float()
             out = torch.where(identity, wide, torch.zeros_like(wide)) if self.mask else wide + identity.float()
             return out.to(x.dtype)

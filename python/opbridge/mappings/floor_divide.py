@@ -80,7 +80,7 @@ class _FloorDivide(torch.nn.Module):
 
 class _FloorDivideScalar(torch.nn.Module):
     def forward(self, x, y):
-        if x.dtype in (torch.float16, torch.bfloat16):  # the rest in float32: ORT's CPU has no bfloat16 Mul, Add
+        if x.dtype in specs.HALF_DTYPES:  # the rest in float32: ORT's CPU has no bfloat16 Mul, Add
             return ((x // -3).float() + y.float() * 0).to(x.dtype)
         return x // -3 + y * 0
 

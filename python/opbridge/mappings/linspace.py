@@ -29,7 +29,7 @@ def _linspace(b, start, end, steps, dtype, *rest):
     if asked not in ONNX_TYPES:
         raise specs.UnknownToExporter(f"aten::linspace: dtype {asked} has no ONNX type here")
     # Half dtypes select in float32 and round once (ONNX Runtime's CPU has no bfloat16 Where).
-    inner = torch.float32 if asked in (torch.float16, torch.bfloat16) else asked
+    inner = torch.float32 if asked in specs.HALF_DTYPES else asked
     out = b.op("Cast", builtin(b.g, start, end, steps, dtype, *rest), to=ONNX_TYPES[inner])
     count = b.constant_value(steps)
     if count is None or int(count) == 1:
@@ -45,7 +45,7 @@ class _Linspace(torch.nn.Module):
     def forward(self, x):
         steps = 6 - x.shape[0]
         points = torch.linspace(0.5, steps - 0.5, steps, dtype=x.dtype)
-        if x.dtype in (torch.float16, torch.bfloat16):  # the rest in float32: ORT's CPU has no bfloat16 ReduceSum, Add
+        if x.dtype in specs.HALF_DTYPES:  # the rest in float32: ORT's CPU has no bfloat16 ReduceSum, Add
             return (x.float().sum(dim=(1, 2)).mean() * 0 + points.float()).to(x.dtype)
         return x.sum(dim=(1, 2)).mean() * 0 + points
 

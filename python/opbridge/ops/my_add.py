@@ -185,7 +185,7 @@ SPEC = specs.register(
             ),
             specs.Lowering(
                 "custom",
-                specs.half_storage(_custom, native=(torch.float16, torch.bfloat16)),
+                specs.half_storage(_custom, native=specs.HALF_DTYPES),
                 min_opset=7,
                 note="opbridge::MyAdd",
             ),
