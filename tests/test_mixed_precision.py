@@ -1069,26 +1069,27 @@ def test_half_exports_of_torch_ops_with_opbridge_rules_run_in_float32_inside(cas
 # Real DETR-family models (transformers, random weights, small configs: the model sweep's cases) after
 # `model.half()`, exported with opbridge (the standard lowering, or the custom one: the library's float16 node) and run
 # in ONNX Runtime's CPU provider: as close to the float64 value of the same half weights and inputs as torch's own
-# float16 forward is. Mask2Former's and OneFormer's sine position
-# embeddings call `torch.arange(n, dtype=x.dtype)`, which torch's TorchScript rule exported as a float16 Range no
-# runtime loads (opbridge.mappings.arange). GroundingDINO's TorchScript export is left out: torch writes a float32
-# bias into its float16 text encoder's LayerNormalization there, with or without opbridge.
+# float16 forward is. Mask2Former's and OneFormer's sine position embeddings call `torch.arange(n, dtype=x.dtype)`,
+# which torch's TorchScript rule exported as a float16 Range no runtime loads (opbridge.mappings.arange); Deformable
+# DETR's `pixel_mask.cumsum(1, dtype=float16)` was a float16 CumSum at opset 11, which ONNX has from opset 14
+# (opbridge.mappings.cumsum). GroundingDINO's TorchScript export is left out: torch writes a float32 bias into its
+# float16 text encoder's LayerNormalization there, with or without opbridge.
 _HALF_MODELS = [
-    ("transformers.DeformableDetrModel", False, "standard"),
-    ("transformers.DeformableDetrModel", True, "custom"),
-    ("transformers.Mask2FormerModel", False, "standard"),
-    ("transformers.Mask2FormerModel", True, "custom"),
-    ("transformers.OneFormerModel", False, "standard"),
-    ("transformers.GroundingDinoModel", True, "standard"),
+    ("transformers.DeformableDetrModel", False, "standard", 11),  # its position embedding's cumsum: float32 inside
+    ("transformers.DeformableDetrModel", True, "custom", 18),
+    ("transformers.Mask2FormerModel", False, "standard", 17),
+    ("transformers.Mask2FormerModel", True, "custom", 18),
+    ("transformers.OneFormerModel", False, "standard", 17),
+    ("transformers.GroundingDinoModel", True, "standard", 18),
 ]
 
 
 @pytest.mark.parametrize(
-    ("name", "dynamo", "lowering"),
+    ("name", "dynamo", "lowering", "opset"),
     _HALF_MODELS,
-    ids=[f"{n.split('.')[1]}-{'dynamo' if d else 'legacy'}-{lw}" for n, d, lw in _HALF_MODELS],
+    ids=[f"{n.split('.')[1]}-{'dynamo' if d else 'legacy'}{o}-{lw}" for n, d, lw, o in _HALF_MODELS],
 )
-def test_float16_detr_models_export_and_run_as_close_to_float64_as_torchs_float16(name, dynamo, lowering):
+def test_float16_detr_models_export_and_run_as_close_to_float64_as_torchs_float16(name, dynamo, lowering, opset):
     import copy
     import io
     import warnings
@@ -1114,7 +1115,7 @@ def test_float16_detr_models_export_and_run_as_close_to_float64_as_torchs_float1
         eager = models._flatten(module(*inputs))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        proto = opbridge.onnx.export(module, inputs, io.BytesIO(), dynamo=dynamo, opset_version=18 if dynamo else 17,
+        proto = opbridge.onnx.export(module, inputs, io.BytesIO(), dynamo=dynamo, opset_version=opset,
                                      lowering=lowering)  # fmt: skip
     custom = [n for n in proto.graph.node if n.op_type == "MultiScaleDeformableAttention"]
     assert bool(custom) == (lowering == "custom"), "the custom lowering writes the library's node, float16 in and out"
