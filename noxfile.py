@@ -189,15 +189,17 @@ def coverage(session: nox.Session) -> None:
 def models(session: nox.Session) -> None:
     """The model sweep (torchvision, transformers, Ultralytics and rfdetr models through both exporters into ORT,
     without and with opbridge, one process per case): docs/models.md and reports/models.json.
-    `-- --models 'transformers.*'` for a part, `-- --case ID` to replay one case."""
+    `-- --models 'transformers.*'` for a part, `-- --case ID` to replay one case, `-- --dtype float16` for the
+    models after `model.half()` (docs/models-float16.md and reports/models-float16.json)."""
     install_opbridge(session)
     # The other libraries' DETRs (and Ultralytics' oriented YOLO), at the releases the sweep was written against;
     # their integrations are version-guarded (another release: a warning and the library's own code).
     session.install(*MODEL_LIBRARIES)
     (ROOT / "reports").mkdir(exist_ok=True)
-    arguments = session.posargs or [
-        "--json", str(ROOT / "reports" / "models.json"), "--markdown", str(ROOT / "docs" / "models.md"),
-    ]  # fmt: skip
+    arguments = list(session.posargs)
+    if not arguments or (len(arguments) == 2 and arguments[0] == "--dtype"):  # a whole sweep: its report files
+        name = "models" if arguments in ([], ["--dtype", "float32"]) else f"models-{arguments[1]}"
+        arguments += ["--json", str(ROOT / "reports" / f"{name}.json"), "--markdown", str(ROOT / "docs" / f"{name}.md")]
     session.run("python", "-m", "opbridge", "models", *arguments)
 
 
