@@ -850,6 +850,39 @@ def test_ort_bfloat16_deform_conv_nodes_take_either_path(products, tmp_path):
         _check_dcn_bfloat16_products(name, feeds, wide, narrow)
 
 
+def _cpu_has_avx512_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return any(line.startswith("flags") and " avx512_bf16" in line for line in info)
+    except OSError:
+        return False
+
+
+_NO_AVX512_BF16 = ("needs a CPU with AVX512-BF16: elsewhere the torch op's bfloat16 products run on oneDNN and the "
+                   "node's on the portable loop (OPBRIDGE_CPU_BF16_GEMM=1)")  # fmt: skip
+
+
+@pytest.mark.skipif(not _cpu_has_avx512_bf16(), reason=_NO_AVX512_BF16)
+def test_ort_bfloat16_deform_conv_node_gives_the_torch_ops_bits():
+    """On a CPU with AVX512-BF16 the torch op and the ORT library's bfloat16 DeformConv2d node multiply with one GEMM
+    (kernels/linear_bf16.h: AMX tiles where the CPU has them, else vdpbf16ps): the same bits. A shape with tails of
+    everything: 460 pixels (blocks of 32 rows and a rest), 48 outputs (a pair of 16-output panels and one panel),
+    k = 40 x 9 = 360 (chunks of 32 and a rest of 8), two offset groups."""
+    import numpy as np
+
+    assert dcn_module.cpu_bf16_products(), "AVX512-BF16: the bfloat16 products are the default"
+    dcn = _ort_cases()[0]
+    rng = np.random.default_rng(7)
+    feeds, attributes = dcn.deform_case(rng, np.float32, n=1, c=40, h=20, w=23, c_out=48, k=(3, 3), stride=(1, 1),
+                                        pads=(1, 1, 1, 1), groups=1, offset_groups=2)  # fmt: skip
+    feeds = {k: torch.from_numpy(v).bfloat16().float().numpy() for k, v in feeds.items()}  # bfloat16 values
+    (node,) = _ort_run_all(_as_bfloat16(dcn.deform_model(np.float16, **attributes)), feeds)
+    x, weight, offset, bias, mask = (torch.from_numpy(feeds[k]) for k in ("X", "W", "offset", "B", "mask"))
+    op = opbridge.deform_conv2d(x.bfloat16(), offset, weight.bfloat16(), bias.bfloat16(), padding=(1, 1), mask=mask)
+    assert op.dtype == torch.bfloat16
+    assert torch.equal(torch.from_numpy(node).bfloat16(), op)
+
+
 def _check_dcn_bfloat16_products(name, feeds, wide, narrow):
     """A bfloat16 deformable convolution node that multiplies in bfloat16: within one rounding more of each product's
     column of the float64 value, and not the float32 path's result."""

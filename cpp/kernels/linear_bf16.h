@@ -1,6 +1,5 @@
 // A bfloat16 GEMM with float32 sums for the bfloat16 deformable convolutions (kernels/deform_conv2d.h,
-// deform_conv2d_bf16_products) of the ORT library, and of the torch library on CPUs without AMX tiles (with them it
-// calls torch's oneDNN GEMM):
+// deform_conv2d_bf16_products) of the ORT library and of the torch library, on CPUs with AVX512-BF16:
 //
 //   c[i * c_row + j * c_col] = bf16(sum_k a[i, k] * b[j, k] + bias[j])   for i < n, j < m
 //
@@ -8,7 +7,10 @@
 // products exact (two bfloat16 significands fit in a float32 one), added a pair of k at a time, the odd element of
 // the pair first (the order of vdpbf16ps); the result rounded once to nearest even (NaN stays NaN). On CPUs with
 // AVX512-BF16 by vdpbf16ps, 16 outputs a register (which reads subnormal inputs as zero and flushes subnormal sums:
-// the float32 sums otherwise bit for bit the portable loop's); elsewhere by that loop. Runs on the calling thread.
+// the float32 sums otherwise bit for bit the portable loop's); on CPUs with AMX-BF16 tiles (Intel Xeons since
+// Sapphire Rapids, Linux) by TDPBF16PS, 16 x 16 outputs a tile (float32 sums too, subnormals flushed likewise, the
+// pair's elements added in the tile unit's order: within the float32 bound of the sums, not always the loop's bits);
+// elsewhere by that loop. Runs on the calling thread.
 #pragma once
 
 #include <algorithm>
@@ -28,11 +30,17 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #define OPBRIDGE_LINEAR_BF16_INSTRUCTIONS 1
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define OPBRIDGE_LINEAR_BF16_AMX 1  // the tiles need the kernel's leave (arch_prctl): Linux 5.16 and newer
+#endif
 #endif
 
 namespace opbridge::kernels {
 
-// Panels of 16 rows of b, k in pairs: panel[(p * 16 + j) * 2 + e] = b[panel_first + j, 2p + e], zeros past m and k.
+// Panels of 16 rows of b, k in pairs: panel[(p * 16 + j) * 2 + e] = b[panel_first + j, 2p + e], zeros past m and k
+// (pairs padded to a multiple of 16: whole AMX tiles of 16 pairs, 64 bytes a pair).
 constexpr int64_t kLinearPanel = 16;
 
 inline float bf16_value(uint16_t bits) {
@@ -178,6 +186,99 @@ inline bool cpu_has_amx_bf16() {
 #endif
 }
 
+#if defined(OPBRIDGE_LINEAR_BF16_AMX)
+// Whether this process may use the AMX tiles: the CPU has AMX-BF16 and Linux granted the tile data state
+// (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), once a process; torch's oneDNN asks the same). A kernel
+// before 5.16 refuses, and the vdpbf16ps kernel serves.
+inline bool linear_bf16_amx_ready() {
+  static const bool ready = [] {
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;
+    return cpu_has_amx_bf16() && cpu_has_avx512_bf16() && syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return ready;
+}
+
+// The tile configuration (palette 1): tile t holds rows[t] rows of colsb[t] bytes.
+struct alignas(64) LinearBf16TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// The AMX instructions as bytes (the wheels' assembler predates them), their operands in fixed registers: tile
+// numbers in the bytes, a memory operand's base in rax and its stride (bytes between rows) in rcx.
+#define OPBRIDGE_AMX_LOAD_CONFIG(config) asm volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0x00" ::"a"(config) : "memory")
+#define OPBRIDGE_AMX_RELEASE() asm volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0xc0" ::: "memory")
+#define OPBRIDGE_AMX_ZERO(t) asm volatile(".byte 0xc4, 0xe2, 0x7b, 0x49, 0xc0 | (" #t " << 3)" ::: "memory")
+#define OPBRIDGE_AMX_LOAD(t, base, stride) \
+  asm volatile(".byte 0xc4, 0xe2, 0x7b, 0x4b, 0x04 | (" #t " << 3), 0x08" ::"a"(base), "c"(stride) : "memory")
+#define OPBRIDGE_AMX_STORE(t, base, stride) \
+  asm volatile(".byte 0xc4, 0xe2, 0x7a, 0x4b, 0x04 | (" #t " << 3), 0x08" ::"a"(base), "c"(stride) : "memory")
+// tdpbf16ps: tile c += tile a (rows of pairs of k) times tile b (pairs of k of 16 outputs).
+#define OPBRIDGE_AMX_DOT(c, a, b) \
+  asm volatile(".byte 0xc4, 0xe2, ((~(" #b ") & 15) << 3) | 2, 0x5c, 0xc0 | (" #c " << 3) | (" #a ")" ::: "memory")
+
+// Tiles: 0-3 the sums (rows [16 b, 16 b + 16) against panel q: tile 2 b + q), 4 and 5 the two blocks of 16 rows of
+// a, 6 and 7 the two panels' 16 pairs of k. rows0 (1-16) rows in the first block, rows1 (0-16) in the second.
+inline void linear_bf16_amx_configure(int rows0, int rows1) {
+  LinearBf16TileConfig config;
+  for (int t : {0, 1, 4}) config.rows[t] = static_cast<uint8_t>(rows0), config.colsb[t] = 64;
+  if (rows1 > 0) {
+    for (int t : {2, 3, 5}) config.rows[t] = static_cast<uint8_t>(rows1), config.colsb[t] = 64;
+  }
+  for (int t : {6, 7}) config.rows[t] = 16, config.colsb[t] = 64;
+  OPBRIDGE_AMX_LOAD_CONFIG(&config);
+}
+
+// The configured rows of a against two panels (32 outputs): sums[r * 32 + j]. Chunks of 32 k: the first `whole` read
+// from a (rows lda apart), the rest (one, where k is not a multiple of 32) from `tail` (32 rows of 32, zeros past k).
+inline void linear_bf16_amx_block(bool rows1, const uint16_t* a, int64_t lda, const uint16_t* tail, int64_t whole,
+                                  int64_t chunks, const uint16_t* panels, int64_t panel_stride, float* sums) {
+  constexpr int64_t kChunk = 16 * 2 * kLinearPanel;  // a chunk's 16 pairs of a panel, 1 KiB
+  constexpr int64_t kPairBytes = 2 * 2 * kLinearPanel, kSumsBytes = 32 * sizeof(float);
+  OPBRIDGE_AMX_ZERO(0);
+  OPBRIDGE_AMX_ZERO(1);
+  if (rows1) {
+    OPBRIDGE_AMX_ZERO(2);
+    OPBRIDGE_AMX_ZERO(3);
+  }
+  for (int64_t c = 0; c < chunks; ++c) {
+    const bool from_a = c < whole;
+    const uint16_t* rows = from_a ? a + c * 32 : tail;
+    const int64_t row_bytes = from_a ? lda * int64_t(sizeof(uint16_t)) : 64, second = from_a ? 16 * lda : 16 * 32;
+    OPBRIDGE_AMX_LOAD(4, rows, row_bytes);
+    OPBRIDGE_AMX_LOAD(6, panels + c * kChunk, kPairBytes);
+    OPBRIDGE_AMX_LOAD(7, panels + panel_stride + c * kChunk, kPairBytes);
+    OPBRIDGE_AMX_DOT(0, 4, 6);
+    OPBRIDGE_AMX_DOT(1, 4, 7);
+    if (rows1) {
+      OPBRIDGE_AMX_LOAD(5, rows + second, row_bytes);
+      OPBRIDGE_AMX_DOT(2, 5, 6);
+      OPBRIDGE_AMX_DOT(3, 5, 7);
+    }
+  }
+  OPBRIDGE_AMX_STORE(0, sums, kSumsBytes);
+  OPBRIDGE_AMX_STORE(1, sums + 16, kSumsBytes);
+  if (rows1) {
+    OPBRIDGE_AMX_STORE(2, sums + 16 * 32, kSumsBytes);
+    OPBRIDGE_AMX_STORE(3, sums + 16 * 32 + 16, kSumsBytes);
+  }
+}
+inline void linear_bf16_amx_release() { OPBRIDGE_AMX_RELEASE(); }
+#undef OPBRIDGE_AMX_LOAD_CONFIG
+#undef OPBRIDGE_AMX_RELEASE
+#undef OPBRIDGE_AMX_ZERO
+#undef OPBRIDGE_AMX_LOAD
+#undef OPBRIDGE_AMX_STORE
+#undef OPBRIDGE_AMX_DOT
+#else
+inline bool linear_bf16_amx_ready() { return false; }
+#endif
+
+// The GEMM's kernels: `best` is the widest this CPU runs (AMX tiles, else vdpbf16ps, else the portable loop); the
+// others name one (the tests compare them), falling back to the next narrower where the CPU lacks it.
+enum class LinearBf16Kernel { best, portable, dpbf16, amx };
+
 // Whether bfloat16 deformable convolutions multiply in bfloat16 (deform_conv2d_bf16_products) on this CPU: where it
 // has AVX512-BF16, or as OPBRIDGE_CPU_BF16_GEMM=0 or 1 says (1 without the instructions: correct and slow), read
 // once. The torch library (cpp/torch/cpu_gemm.h) and the ORT library both ask this;
@@ -196,17 +297,21 @@ inline bool bf16_products_chosen() {
 
 struct LinearBf16Pool;
 
-// b [m, k] packed for the instruction path: panels of kLinearPanel rows, k in pairs,
-// data[panel * panel_stride + (p * 16 + j) * 2 + e] = b[panel * 16 + j, 2p + e], zeros past m and k (and one panel
-// more, so that outputs go by pairs of panels). Empty where the instruction path does not run (portable, no
-// AVX512-BF16, k = 0): linear_bf16 then reads b as it is.
+// b [m, k] packed for the instruction paths: panels of kLinearPanel rows, k in pairs,
+// data[panel * panel_stride + (p * 16 + j) * 2 + e] = b[panel * 16 + j, 2p + e], zeros past m and k (pairs padded to a
+// multiple of 16, and one panel more, so that outputs go by pairs of panels). Empty where the portable loop runs (no
+// AVX512-BF16, k = 0, or asked for): linear_bf16 then reads b as it is.
 class LinearBf16Weights {
  public:
-  LinearBf16Weights(const uint16_t* b, int64_t ldb, int64_t m, int64_t k, bool portable = false)
+  LinearBf16Weights(const uint16_t* b, int64_t ldb, int64_t m, int64_t k,
+                    LinearBf16Kernel kernel = LinearBf16Kernel::best)
       : b_(b), ldb_(ldb), m_(m), k_(k) {
 #if defined(OPBRIDGE_LINEAR_BF16_INSTRUCTIONS)
-    if (portable || !linear_bf16_has_instructions() || k <= 0 || m <= 0) return;
-    const int64_t pairs = (k + 1) / 2, panels = (m + kLinearPanel - 1) / kLinearPanel + 1;
+    if (kernel == LinearBf16Kernel::portable || !linear_bf16_has_instructions() || k <= 0 || m <= 0) return;
+    kernel_ = (kernel == LinearBf16Kernel::best || kernel == LinearBf16Kernel::amx) && linear_bf16_amx_ready()
+                  ? LinearBf16Kernel::amx
+                  : LinearBf16Kernel::dpbf16;
+    const int64_t pairs = (k + 31) / 32 * 16, panels = (m + kLinearPanel - 1) / kLinearPanel + 1;
     panel_stride_ = pairs * 2 * kLinearPanel;
     data_ = AlignedArray<uint16_t>(static_cast<size_t>(panels * panel_stride_));
     uint16_t* packed = data_.get();
@@ -217,10 +322,12 @@ class LinearBf16Weights {
       for (int64_t col = 0; col < k; ++col) to[(col / 2) * 2 * kLinearPanel + col % 2] = from[col];
     }
 #else
-    (void)portable;
+    (void)kernel;
 #endif
   }
   bool packed() const { return data_.get() != nullptr; }
+  // The kernel that multiplies by these weights: portable, dpbf16 or amx.
+  LinearBf16Kernel kernel() const { return kernel_; }
   bool same(const uint16_t* b, int64_t ldb, int64_t m, int64_t k) const {
     return b == b_ && ldb == ldb_ && m == m_ && k == k_;
   }
@@ -230,6 +337,7 @@ class LinearBf16Weights {
                           int64_t, int64_t);
   const uint16_t* b_;
   int64_t ldb_, m_, k_, panel_stride_ = 0;
+  LinearBf16Kernel kernel_ = LinearBf16Kernel::portable;
   AlignedArray<uint16_t> data_;
 };
 
@@ -247,28 +355,59 @@ inline void linear_bf16(int64_t n, const LinearBf16Weights& w, const uint16_t* a
     BasicThreadScratch<LinearBf16Pool, 1> result_memory(transposed ? sizeof(uint16_t) * static_cast<size_t>(n * m) : 0);
     uint16_t* result = transposed ? result_memory.get<uint16_t>() : c;
     const int64_t result_row = transposed ? m : c_row, result_col = transposed ? 1 : c_col;
-    alignas(64) float sums[kLinearRows * 32];
+    alignas(64) float sums[32 * 32];  // a block's sums, rows 32 apart: 12 rows (vdpbf16ps) or 32 (AMX)
     float bias_values[32];
-    for (int64_t panel = 0; panel * kLinearPanel < m; panel += 2) {
-      const int64_t first = panel * kLinearPanel, outputs = std::min<int64_t>(32, m - first);
+    // Rows [i0, i0 + rows) of the block of outputs [first, first + 32), from sums, plus the bias, rounded once.
+    const auto write = [&](int64_t i0, int rows, int64_t first) {
+      const int64_t outputs = std::min<int64_t>(32, m - first);
       for (int64_t j = 0; j < outputs; ++j) bias_values[j] = bias != nullptr ? bf16_value(bias[first + j]) : 0.0f;
+      for (int r = 0; r < rows; ++r) {
+        const float* row = sums + r * 32;
+        uint16_t* to = result + (i0 + r) * result_row + first * result_col;
+        if (result_col == 1 && bias != nullptr) {  // contiguous: a loop the compiler vectorizes
+          for (int64_t j = 0; j < outputs; ++j) to[j] = bf16_bits(row[j] + bias_values[j]);
+        } else if (result_col == 1) {
+          for (int64_t j = 0; j < outputs; ++j) to[j] = bf16_bits(row[j]);
+        } else {
+          for (int64_t j = 0; j < outputs; ++j) {
+            to[j * result_col] = bf16_bits(bias != nullptr ? row[j] + bias_values[j] : row[j]);
+          }
+        }
+      }
+    };
+#if defined(OPBRIDGE_LINEAR_BF16_AMX)
+    if (w.kernel_ == LinearBf16Kernel::amx) {
+      // Blocks of 32 rows of a (in the L2 cache) against every pair of panels; k in chunks of 32, the last one's
+      // rows copied with zeros past k (a tile reads whole pairs: nothing past a row, and no 0 * inf).
+      alignas(64) uint16_t tail[32 * 32];
+      const int64_t whole = k / 32, chunks = (k + 31) / 32;
+      int configured = -1;
+      for (int64_t i0 = 0; i0 < n; i0 += 32) {
+        const int rows = static_cast<int>(std::min<int64_t>(32, n - i0)), rows0 = std::min(rows, 16);
+        if (rows != configured) linear_bf16_amx_configure(rows0, rows - rows0), configured = rows;
+        if (chunks > whole) {
+          std::memset(tail, 0, sizeof tail);
+          for (int r = 0; r < rows; ++r) {
+            std::memcpy(tail + r * 32, a + (i0 + r) * lda + whole * 32, sizeof(uint16_t) * (k - whole * 32));
+          }
+        }
+        for (int64_t first = 0; first < m; first += 2 * kLinearPanel) {
+          linear_bf16_amx_block(rows > 16, a + i0 * lda, lda, tail, whole, chunks,
+                                w.data_.get() + first / kLinearPanel * w.panel_stride_, w.panel_stride_, sums);
+          write(i0, rows, first);
+        }
+      }
+      linear_bf16_amx_release();
+      if (transposed) transpose_halves(result, m, c, c_col, n, m);
+      return;
+    }
+#endif
+    for (int64_t panel = 0; panel * kLinearPanel < m; panel += 2) {
       const uint16_t* panels = w.data_.get() + panel * w.panel_stride_;
       for (int64_t i0 = 0; i0 < n; i0 += kLinearRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kLinearRows, n - i0));
         linear_bf16_rows(rows, a + i0 * lda, lda, panels, w.panel_stride_, k, sums);
-        for (int r = 0; r < rows; ++r) {
-          const float* row = sums + r * 32;
-          uint16_t* to = result + (i0 + r) * result_row + first * result_col;
-          if (result_col == 1 && bias != nullptr) {  // contiguous: a loop the compiler vectorizes
-            for (int64_t j = 0; j < outputs; ++j) to[j] = bf16_bits(row[j] + bias_values[j]);
-          } else if (result_col == 1) {
-            for (int64_t j = 0; j < outputs; ++j) to[j] = bf16_bits(row[j]);
-          } else {
-            for (int64_t j = 0; j < outputs; ++j) {
-              to[j * result_col] = bf16_bits(bias != nullptr ? row[j] + bias_values[j] : row[j]);
-            }
-          }
-        }
+        write(i0, rows, panel * kLinearPanel);
       }
     }
     if (transposed) transpose_halves(result, m, c, c_col, n, m);
@@ -313,12 +452,12 @@ class LinearBf16Packing {
   std::vector<std::unique_ptr<LinearBf16Weights>> packed_;
 };
 
-// The GEMM above in one call (b packed for it, then dropped); `portable` forces the portable loop (the tests
-// compare the two).
+// The GEMM above in one call (b packed for it, then dropped); `kernel` names one (the tests compare them).
 inline void linear_bf16(int64_t n, int64_t m, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
-                        const uint16_t* bias, uint16_t* c, int64_t c_row, int64_t c_col, bool portable = false) {
+                        const uint16_t* bias, uint16_t* c, int64_t c_row, int64_t c_col,
+                        LinearBf16Kernel kernel = LinearBf16Kernel::best) {
   if (n <= 0 || m <= 0) return;
-  linear_bf16(n, LinearBf16Weights(b, ldb, m, k, portable), a, lda, bias, c, c_row, c_col);
+  linear_bf16(n, LinearBf16Weights(b, ldb, m, k, kernel), a, lda, bias, c, c_row, c_col);
 }
 
 }  // namespace opbridge::kernels

@@ -1,6 +1,8 @@
-// kernels/linear_bf16.h: the bfloat16 GEMM of the ORT library's bfloat16 deformable convolutions, against a float64
-// evaluation (within float32 sums and one rounding) and, on CPUs with AVX512-BF16, the instruction path against the
-// portable loop bit for bit (normal values: the instruction flushes only subnormals).
+// kernels/linear_bf16.h: the bfloat16 GEMM of the ORT library's bfloat16 deformable convolutions, each kernel this
+// CPU runs against a float64 evaluation (within float32 sums and one rounding); on CPUs with AVX512-BF16 the
+// vdpbf16ps kernel against the portable loop bit for bit (normal values: the instruction flushes only subnormals);
+// on CPUs with AMX tiles (and a kernel that grants them) the tile kernel within the bound, its layouts and packing
+// against its own bits.
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -14,7 +16,16 @@
 
 namespace {
 
+using opbridge::kernels::LinearBf16Kernel;
 using opbridge::testing::expect;
+
+// The instruction kernels this CPU runs, each as it is named in the messages.
+std::vector<std::pair<LinearBf16Kernel, std::string>> instruction_kernels() {
+  std::vector<std::pair<LinearBf16Kernel, std::string>> kernels;
+  if (opbridge::kernels::linear_bf16_has_instructions()) kernels.emplace_back(LinearBf16Kernel::dpbf16, "vdpbf16ps");
+  if (opbridge::kernels::linear_bf16_amx_ready()) kernels.emplace_back(LinearBf16Kernel::amx, "AMX");
+  return kernels;
+}
 
 uint16_t bf16_of(std::mt19937& rng, float scale) {
   std::normal_distribution<float> normal(0.0f, scale);
@@ -24,9 +35,11 @@ uint16_t bf16_of(std::mt19937& rng, float scale) {
 void test_linear_bf16_shapes() {
   using namespace opbridge::kernels;
   std::mt19937 rng(11);
-  // (n, m, k): tiles of 12 rows and pairs of 16-output panels, with tails of each; odd k; k zero; bias or none.
-  const int64_t shapes[][3] = {{1, 1, 1},   {12, 32, 2},   {13, 33, 3}, {25, 64, 576}, {7, 20, 27},
-                               {40, 17, 9}, {3, 100, 145}, {24, 16, 0}, {5, 48, 1},    {30, 31, 64}};
+  // (n, m, k): tiles of 12 rows (vdpbf16ps) or 2 x 16 (AMX) and pairs of 16-output panels, with tails of each; k in
+  // whole chunks of 32 pairs and not, odd k; k zero; bias or none.
+  const int64_t shapes[][3] = {{1, 1, 1},      {12, 32, 2},   {13, 33, 3}, {25, 64, 576}, {7, 20, 27},
+                               {40, 17, 9},    {3, 100, 145}, {24, 16, 0}, {5, 48, 1},    {30, 31, 64},
+                               {70, 48, 2304}, {16, 16, 32},  {33, 65, 63}};
   for (const auto& shape : shapes) {
     for (const bool with_bias : {false, true}) {
       // Rows of a exactly k long where k is odd, so that a read past a row's last element reads the next row's
@@ -39,55 +52,83 @@ void test_linear_bf16_shapes() {
       for (auto& v : bias) v = bf16_of(rng, 1.0f);
       // Output channel-major with a gap after each row (c_col = n + 2), as deform_conv2d's output rows are.
       const int64_t c_col = n + 2;
-      std::vector<uint16_t> fast(static_cast<size_t>(m * c_col), 0x7fc1), portable(fast);
+      std::vector<uint16_t> portable(static_cast<size_t>(m * c_col), 0x7fc1);
       const uint16_t* bias_or_null = with_bias ? bias.data() : nullptr;
-      linear_bf16(n, m, k, a.data(), lda, b.data(), ldb, bias_or_null, fast.data(), 1, c_col);
-      linear_bf16(n, m, k, a.data(), lda, b.data(), ldb, bias_or_null, portable.data(), 1, c_col, true);
-      const std::string name = "linear_bf16 " + std::to_string(n) + "x" + std::to_string(m) + "x" + std::to_string(k) +
-                               (with_bias ? " bias" : "");
-      expect(fast == portable, name + ": the instruction path gives the portable loop's bits (gaps untouched)");
-      for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < m; ++j) {
-          double exact = with_bias ? bf16_value(bias[j]) : 0.0, magnitude = std::fabs(exact);
-          for (int64_t p = 0; p < k; ++p) {
-            const double product = double(bf16_value(a[i * lda + p])) * bf16_value(b[j * ldb + p]);
-            exact += product, magnitude += std::fabs(product);
-          }
-          const double got = bf16_value(portable[j * c_col + i]);
-          // One bfloat16 rounding (2^-8 relative) plus float32 sums (k + 1 additions of 2^-24 each).
-          const double bound = std::ldexp(std::fabs(exact), -8) + (k + 2) * std::ldexp(magnitude, -24) * 1.01;
-          if (!(std::fabs(got - exact) <= bound)) {
-            expect(false, name + ": output " + std::to_string(i) + "," + std::to_string(j) + " is " +
-                              std::to_string(got) + ", float64 " + std::to_string(exact));
-            return;
+      linear_bf16(n, m, k, a.data(), lda, b.data(), ldb, bias_or_null, portable.data(), 1, c_col,
+                  LinearBf16Kernel::portable);
+      const std::string shape_name = "linear_bf16 " + std::to_string(n) + "x" + std::to_string(m) + "x" +
+                                     std::to_string(k) + (with_bias ? " bias" : "");
+      std::vector<std::pair<std::string, std::vector<uint16_t>>> results{{shape_name + " portable", portable}};
+      for (const auto& [kernel, kernel_name] : instruction_kernels()) {
+        std::vector<uint16_t> fast(portable.size(), 0x7fc1);
+        linear_bf16(n, m, k, a.data(), lda, b.data(), ldb, bias_or_null, fast.data(), 1, c_col, kernel);
+        if (kernel == LinearBf16Kernel::dpbf16) {
+          expect(fast == portable, shape_name + ": vdpbf16ps gives the portable loop's bits (gaps untouched)");
+        }
+        results.emplace_back(shape_name + " " + kernel_name, fast);
+      }
+      for (const auto& [name, got_bits] : results) {
+        bool close = true;
+        for (int64_t i = 0; i < n && close; ++i) {
+          for (int64_t j = 0; j < m && close; ++j) {
+            double exact = with_bias ? bf16_value(bias[j]) : 0.0, magnitude = std::fabs(exact);
+            for (int64_t p = 0; p < k; ++p) {
+              const double product = double(bf16_value(a[i * lda + p])) * bf16_value(b[j * ldb + p]);
+              exact += product, magnitude += std::fabs(product);
+            }
+            const double got = bf16_value(got_bits[j * c_col + i]);
+            // One bfloat16 rounding (2^-8 relative) plus float32 sums (k + 1 additions of 2^-24 each).
+            const double bound = std::ldexp(std::fabs(exact), -8) + (k + 2) * std::ldexp(magnitude, -24) * 1.01;
+            if (!(std::fabs(got - exact) <= bound)) {
+              expect(false, name + ": output " + std::to_string(i) + "," + std::to_string(j) + " is " +
+                                std::to_string(got) + ", float64 " + std::to_string(exact));
+              close = false;
+            }
           }
         }
-      }
-      for (int64_t j = 0; j < m; ++j) {
-        expect(portable[j * c_col + n] == 0x7fc1 && portable[j * c_col + n + 1] == 0x7fc1, name + ": gap written");
+        for (int64_t j = 0; j < m; ++j) {
+          expect(got_bits[j * c_col + n] == 0x7fc1 && got_bits[j * c_col + n + 1] == 0x7fc1, name + ": gap written");
+        }
       }
     }
   }
 }
 
 // The other layouts and entry points: a row-major output (c_row m, c_col 1: the non-transposed branch), a strided
-// one, and LinearBf16Packing (weights packed once per b, shared by calls from several threads), all against the
-// portable loop bit for bit.
+// one, and LinearBf16Packing (weights packed once per b, shared by calls from several threads). The vdpbf16ps kernel
+// against the portable loop bit for bit; the AMX kernel against its own bits in deform_conv2d's layout.
 void test_linear_bf16_layouts_and_packing() {
   using namespace opbridge::kernels;
   std::mt19937 rng(5);
-  const int64_t n = 29, m = 40, k = 37;
+  const int64_t n = 45, m = 40, k = 37;
   std::vector<uint16_t> a(n * k), b(2 * m * k), bias(m);
   for (auto& v : a) v = bf16_of(rng, 1.0f);
   for (auto& v : b) v = bf16_of(rng, 0.1f);
   for (auto& v : bias) v = bf16_of(rng, 1.0f);
-  for (const auto& [c_row, c_col] : std::vector<std::pair<int64_t, int64_t>>{{m, 1}, {1, n}, {2 * m + 1, 2}}) {
-    std::vector<uint16_t> fast(static_cast<size_t>(n * c_row + m * c_col + 1), 0), portable(fast);
-    linear_bf16(n, m, k, a.data(), k, b.data(), k, bias.data(), fast.data(), c_row, c_col);
-    linear_bf16(n, m, k, a.data(), k, b.data(), k, bias.data(), portable.data(), c_row, c_col, true);
-    expect(fast == portable, "linear_bf16 with c_row " + std::to_string(c_row) + ", c_col " + std::to_string(c_col));
+  const auto reference = [&](LinearBf16Kernel kernel, const uint16_t* weights) {  // [m, n], as deform_conv2d's
+    std::vector<uint16_t> planes(static_cast<size_t>(n * m));
+    const LinearBf16Kernel want = kernel == LinearBf16Kernel::amx ? kernel : LinearBf16Kernel::portable;
+    linear_bf16(n, m, k, a.data(), k, weights, k, bias.data(), planes.data(), 1, n, want);
+    return planes;
+  };
+  for (const auto& [kernel, kernel_name] : instruction_kernels()) {
+    const std::vector<uint16_t> want = reference(kernel, b.data());
+    for (const auto& [c_row, c_col] : std::vector<std::pair<int64_t, int64_t>>{{m, 1}, {1, n}, {2 * m + 1, 2}}) {
+      std::vector<uint16_t> fast(static_cast<size_t>(n * c_row + m * c_col + 1), 0);
+      linear_bf16(n, m, k, a.data(), k, b.data(), k, bias.data(), fast.data(), c_row, c_col, kernel);
+      bool same = true;
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < m; ++j) same = same && fast[i * c_row + j * c_col] == want[j * n + i];
+      }
+      expect(same, "linear_bf16 " + kernel_name + " with c_row " + std::to_string(c_row) + ", c_col " +
+                       std::to_string(c_col));
+    }
   }
-  // Two weight matrices through one packing cache, from four threads at once, each call as the portable loop.
+  // Two weight matrices through one packing cache, from four threads at once, each call as the one-call GEMM of the
+  // best kernel (the portable loop's bits where that is vdpbf16ps).
+  const LinearBf16Kernel best = linear_bf16_amx_ready()          ? LinearBf16Kernel::amx
+                                : linear_bf16_has_instructions() ? LinearBf16Kernel::dpbf16
+                                                                 : LinearBf16Kernel::portable;
   LinearBf16Packing packing;
   std::vector<std::vector<uint16_t>> outputs(8, std::vector<uint16_t>(n * m));
   std::vector<std::thread> threads;
@@ -101,24 +142,27 @@ void test_linear_bf16_layouts_and_packing() {
   }
   for (auto& thread : threads) thread.join();
   for (int call = 0; call < 8; ++call) {
-    std::vector<uint16_t> want(n * m);
-    linear_bf16(n, m, k, a.data(), k, b.data() + (call % 2) * m * k, k, bias.data(), want.data(), 1, n, true);
-    expect(outputs[call] == want, "LinearBf16Packing call " + std::to_string(call));
+    expect(outputs[call] == reference(best, b.data() + (call % 2) * m * k),
+           "LinearBf16Packing call " + std::to_string(call));
   }
 }
 
 void test_linear_bf16_special_values() {
   using namespace opbridge::kernels;
-  // NaN and infinity propagate (a NaN sum stays NaN after rounding); a zero k gives the bias.
+  // NaN and infinity propagate (a NaN sum stays NaN after rounding); a zero k gives the bias. Each kernel.
   const uint16_t one = bf16_bits(1.0f), nan = 0x7fc0, inf = 0x7f80;
   const std::vector<uint16_t> a{one, nan, one, one, inf, one}, b{one, one, one};
-  std::vector<uint16_t> c(2, 0);
-  linear_bf16(2, 1, 3, a.data(), 3, b.data(), 3, nullptr, c.data(), 1, 1);
-  expect(std::isnan(bf16_value(c[0])), "a NaN input gives NaN");
-  expect(std::isinf(bf16_value(c[1])) && bf16_value(c[1]) > 0, "an infinite input gives infinity");
-  const uint16_t bias = bf16_bits(2.5f);
-  linear_bf16(1, 1, 0, a.data(), 0, b.data(), 0, &bias, c.data(), 1, 1);
-  expect(c[0] == bias, "k = 0: the bias");
+  auto kernels = instruction_kernels();
+  kernels.emplace_back(LinearBf16Kernel::portable, "portable");
+  for (const auto& [kernel, name] : kernels) {
+    std::vector<uint16_t> c(2, 0);
+    linear_bf16(2, 1, 3, a.data(), 3, b.data(), 3, nullptr, c.data(), 1, 1, kernel);
+    expect(std::isnan(bf16_value(c[0])), name + ": a NaN input gives NaN");
+    expect(std::isinf(bf16_value(c[1])) && bf16_value(c[1]) > 0, name + ": an infinite input gives infinity");
+    const uint16_t bias = bf16_bits(2.5f);
+    linear_bf16(1, 1, 0, a.data(), 0, b.data(), 0, &bias, c.data(), 1, 1, kernel);
+    expect(c[0] == bias, name + ": k = 0: the bias");
+  }
 }
 
 }  // namespace
@@ -133,7 +177,7 @@ int main() {
   test_linear_bf16_shapes();
   test_linear_bf16_layouts_and_packing();
   test_linear_bf16_special_values();
-  return opbridge::testing::report(opbridge::kernels::linear_bf16_has_instructions()
-                                       ? "linear_bf16 kernel tests (AVX512-BF16 and portable)"
-                                       : "linear_bf16 kernel tests (portable only: no AVX512-BF16 here)");
+  std::string kernels = "portable";
+  for (const auto& [kernel, name] : instruction_kernels()) kernels += ", " + name;
+  return opbridge::testing::report(("linear_bf16 kernel tests (" + kernels + ")").c_str());
 }

@@ -51,12 +51,13 @@ inline std::atomic<bool>& onednn_gemm_failed() {
 }
 
 // Whether deform_conv2d's bfloat16 forward multiplies in bfloat16 (kernels::deform_conv2d_bf16_products: its
-// sampled columns rounded to bfloat16, then torch's bfloat16 GEMM, float32 sums; two roundings instead of the
-// float32 path's one): by default on x86 CPUs with AVX512-BF16 (Intel's with AMX have it too), where oneDNN's
-// bfloat16 GEMM takes half the float32 one's time (AMD EPYC Zen 5, one thread, 256 x 448 x 2304: 1.05 ms against
-// 2.09, 2026-11-28). OPBRIDGE_CPU_BF16_GEMM=0 or 1 overrides that choice (1 on a CPU without those instructions
-// is correct and slow: torch emulates them), read once (kernels::bf16_products_chosen, which the ORT library's
-// bfloat16 nodes ask too); python/opbridge/ops/deform_conv2d.py mirrors it.
+// sampled columns rounded to bfloat16, then a bfloat16 GEMM, float32 sums; two roundings instead of the float32
+// path's one): by default on x86 CPUs with AVX512-BF16 (Intel's with AMX have it too), where the library's bfloat16
+// GEMM (kernels/linear_bf16.h: AMX tiles or vdpbf16ps) takes half the float32 one's time or less (oneDNN's: AMD
+// EPYC Zen 5, one thread, 256 x 448 x 2304: 1.05 ms against 2.09, 2026-11-28). OPBRIDGE_CPU_BF16_GEMM=0 or 1
+// overrides that choice (1 on a CPU without those instructions is correct and slow: torch emulates them), read once
+// (kernels::bf16_products_chosen, which the ORT library's bfloat16 nodes ask too); python/opbridge/ops/deform_conv2d.py
+// mirrors it.
 inline bool use_bf16_products() { return kernels::bf16_products_chosen(); }
 
 inline bool use_onednn_gemm() {

@@ -100,9 +100,10 @@ def deform_conv2d(
     elsewhere and for float64. The environment variable ``OPBRIDGE_CPU_GEMM=blas`` or ``onednn``, read once per
     process, overrides the choice. Half inputs compute in float32 and round once (docs/api.md), except bfloat16 on
     the CPU where :func:`cpu_bf16_products` is true (CPUs with AVX512-BF16): the sampled columns are rounded to
-    bfloat16 and multiplied in bfloat16 (the library's ``vdpbf16ps`` GEMM, or torch's oneDNN one on CPUs with AMX
-    tiles; float32 sums, bias added before the output's rounding), 1.7-1.85x the float32 forward there (one thread,
-    2026-11-29), and the output carries two roundings.
+    bfloat16 and multiplied in bfloat16 (the library's GEMM: AMX tiles on CPUs with them, else ``vdpbf16ps``; float32
+    sums, bias added before the output's rounding; the ORT library's bfloat16 node runs the same), 1.7-1.85x the
+    float32 forward on AMD EPYC Zen 5 and 1.7-3.1x on an Intel Xeon with AMX (one thread, 2026-11-29), and the
+    output carries two roundings.
     ``OPBRIDGE_CPU_BF16_GEMM=0`` (or 1) decides.
     """
     if not torch.jit.is_scripting():
