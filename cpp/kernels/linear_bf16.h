@@ -316,10 +316,19 @@ class LinearBf16Weights {
     data_ = AlignedArray<uint16_t>(static_cast<size_t>(panels * panel_stride_));
     uint16_t* packed = data_.get();
     std::memset(packed, 0, sizeof(uint16_t) * static_cast<size_t>(panels * panel_stride_));
-    for (int64_t row = 0; row < m; ++row) {
-      uint16_t* to = packed + (row / kLinearPanel) * panel_stride_ + (row % kLinearPanel) * 2;
-      const uint16_t* from = b + row * ldb;
-      for (int64_t col = 0; col < k; ++col) to[(col / 2) * 2 * kLinearPanel + col % 2] = from[col];
+    // A panel's pairs in order, so that the writes are sequential (a row at a time wrote 2 bytes a 64-byte pair row
+    // apart: 0.95 ms for 256 x 2304 on an Intel Xeon, a tenth of the bfloat16 node's GEMM).
+    for (int64_t first = 0; first < m; first += kLinearPanel) {
+      uint16_t* to = packed + first / kLinearPanel * panel_stride_;
+      const uint16_t* from = b + first * ldb;
+      const int64_t rows = std::min<int64_t>(kLinearPanel, m - first);
+      for (int64_t pair = 0; pair < k / 2; ++pair) {
+        for (int64_t j = 0; j < rows; ++j)
+          std::memcpy(to + (pair * kLinearPanel + j) * 2, from + j * ldb + 2 * pair, 4);
+      }
+      if (k % 2 != 0) {
+        for (int64_t j = 0; j < rows; ++j) to[(k / 2 * kLinearPanel + j) * 2] = from[j * ldb + k - 1];
+      }
     }
 #else
     (void)kernel;
