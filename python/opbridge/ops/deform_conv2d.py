@@ -102,7 +102,7 @@ def deform_conv2d(
     the CPU where :func:`cpu_bf16_products` is true (CPUs with AVX512-BF16): the sampled columns are rounded to
     bfloat16 and multiplied in bfloat16 (the library's GEMM: AMX tiles on CPUs with them, else ``vdpbf16ps``; float32
     sums, bias added before the output's rounding; the ORT library's bfloat16 node runs the same), 1.7-1.85x the
-    float32 forward on AMD EPYC Zen 5 and 1.7-3.1x on an Intel Xeon with AMX (one thread, 2026-11-29), and the
+    float32 forward on AMD EPYC Zen 5 and 1.8-3.5x on an Intel Xeon with AMX (one thread, 2026-11-29), and the
     output carries two roundings.
     ``OPBRIDGE_CPU_BF16_GEMM=0`` (or 1) decides.
     """
