@@ -33,7 +33,7 @@
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
-#define OPBRIDGE_LINEAR_BF16_AMX 1  // the tiles need the kernel's leave (arch_prctl): Linux 5.16 and newer
+#define OPBRIDGE_LINEAR_BF16_AMX 1  // the tiles need the kernel's permission (arch_prctl): Linux 5.16 and newer
 #endif
 #endif
 
@@ -189,7 +189,8 @@ inline bool cpu_has_amx_bf16() {
 #if defined(OPBRIDGE_LINEAR_BF16_AMX)
 // Whether this process may use the AMX tiles: the CPU has AMX-BF16 and Linux granted the tile data state
 // (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), once a process; torch's oneDNN asks the same). A kernel
-// before 5.16 refuses, and the vdpbf16ps kernel serves.
+// before 5.16 refuses, as does one that finds an alternate signal stack too small for the tile state: then the
+// vdpbf16ps kernel serves.
 inline bool linear_bf16_amx_ready() {
   static const bool ready = [] {
     constexpr long kRequestPermission = 0x1023, kTileData = 18;
